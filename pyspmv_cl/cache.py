@@ -1,0 +1,196 @@
+"""Compiled-kernel cache: a memory layer per (context, device, key) and a disk layer of
+program binaries.
+
+Key = SHA-256 of (rendered source, build options, platform name and version, device
+name, driver version, package version).  Disk entries live under the user cache
+directory (``PYSPMV_CL_CACHE_DIR`` moves it, ``PYSPMV_CL_NO_CACHE=1`` bypasses the
+disk layer).  Each file holds a header with the key and a digest of the binary;
+writes go to a temporary file renamed into place, so concurrent processes only ever
+see whole files.  A file that is truncated, corrupt or rejected by the driver is
+discarded and rebuilt with a warning; an unwritable directory degrades to a
+memory-only cache with one warning.
+"""
+
+import hashlib
+import os
+import struct
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import pyopencl as cl
+
+from ._version import __version__
+from .errors import KernelBuildError
+
+CACHE_DIR_ENV = "PYSPMV_CL_CACHE_DIR"
+NO_CACHE_ENV = "PYSPMV_CL_NO_CACHE"
+
+_MAGIC = b"PSCLBIN1"
+_HEADER = struct.Struct("<8s32s32sQ")  # magic, key digest, binary digest, binary length
+
+_memory = {}
+_lock = threading.Lock()
+_warned = set()
+
+#: Counters for tests and diagnostics.
+stats = {"memory_hits": 0, "disk_hits": 0, "builds": 0, "disk_errors": 0}
+
+
+def _warn_once(tag, message):
+    if tag not in _warned:
+        _warned.add(tag)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def cache_dir():
+    """The directory of the disk layer, or None when it is disabled."""
+    if os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        return None
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("pyspmv_cl", appauthor=False))
+
+
+def device_identity(device):
+    platform = device.platform
+    return (platform.name.strip(), platform.version.strip(), device.name.strip(),
+            (device.driver_version or "").strip())
+
+
+def program_key(source, options, device):
+    """Hex digest identifying one build of ``source`` for ``device``."""
+    h = hashlib.sha256()
+    for part in (source, "\0".join(options), *device_identity(device), __version__):
+        h.update(part.encode("utf-8"))
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+def _entry_path(root, key):
+    return root / "kernels-v1" / key[:2] / f"{key}.bin"
+
+
+def clear_memory():
+    """Forget every in-memory program (tests use this to reach the disk layer)."""
+    with _lock:
+        _memory.clear()
+
+
+def _read_entry(path, key):
+    """The binary stored at ``path`` for ``key``; None if absent, raises ValueError if
+    the file is damaged."""
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(blob) < _HEADER.size:
+        raise ValueError("truncated header")
+    magic, key_digest, bin_digest, length = _HEADER.unpack_from(blob)
+    binary = blob[_HEADER.size:]
+    if magic != _MAGIC or key_digest != bytes.fromhex(key):
+        raise ValueError("wrong magic or key")
+    if length != len(binary) or hashlib.sha256(binary).digest() != bin_digest:
+        raise ValueError("truncated or corrupt binary")
+    return binary
+
+
+def _write_entry(path, key, binary):
+    header = _HEADER.pack(_MAGIC, bytes.fromhex(key), hashlib.sha256(binary).digest(),
+                          len(binary))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(header)
+            fh.write(binary)
+        os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _discard(path):
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _build_from_source(context, device, source, options):
+    # The raw program type bypasses pyopencl's own binary cache: this module is the cache.
+    program = cl._cl._Program(context, source)
+    try:
+        program.build(" ".join(options).encode(), [device])
+    except cl.Error as exc:
+        try:
+            log = program.get_build_info(device, cl.program_build_info.LOG)
+        except cl.Error:
+            log = ""
+        raise KernelBuildError(
+            f"OpenCL build failed on {device.name.strip()!r}: {exc}", build_log=log or str(exc),
+            source=source, options=options) from None
+    return cl.Program(program)
+
+
+def _build_from_binary(context, device, binary, options):
+    program = cl.Program(context, [device], [binary])
+    program.build(" ".join(options), [device])
+    return program
+
+
+def get_program(context, device, source, options=()):
+    """A built ``pyopencl.Program`` for ``source`` on ``device``, from memory, disk, or
+    a fresh build (which is then stored)."""
+    options = tuple(options)
+    key = program_key(source, options, device)
+    mem_key = (context.int_ptr, device.int_ptr, key)
+    with _lock:
+        program = _memory.get(mem_key)
+        if program is not None:
+            stats["memory_hits"] += 1
+            return program
+
+    root = cache_dir()
+    path = _entry_path(root, key) if root is not None else None
+    program = None
+    if path is not None:
+        try:
+            binary = _read_entry(path, key)
+            if binary is not None:
+                program = _build_from_binary(context, device, binary, options)
+                stats["disk_hits"] += 1
+        except (ValueError, cl.Error) as exc:
+            stats["disk_errors"] += 1
+            _warn_once(("bad", str(path)),
+                       f"pyspmv_cl: discarding unusable cached kernel {path} ({exc}); rebuilding")
+            _discard(path)
+            program = None
+        except OSError as exc:
+            stats["disk_errors"] += 1
+            _warn_once(("read", str(root)), f"pyspmv_cl: kernel cache unreadable ({exc})")
+
+    if program is None:
+        program = _build_from_source(context, device, source, options)
+        stats["builds"] += 1
+        if path is not None:
+            try:
+                binaries = program.get_info(cl.program_info.BINARIES)
+                if binaries and binaries[0]:
+                    _write_entry(path, key, bytes(binaries[0]))
+            except (OSError, cl.Error) as exc:
+                stats["disk_errors"] += 1
+                _warn_once(("write", str(root)),
+                           f"pyspmv_cl: cannot write the kernel cache in {root} ({exc}); "
+                           "continuing with the in-memory cache only")
+
+    with _lock:
+        # Keep the context alive with the program so its int_ptr cannot be reused.
+        _memory.setdefault(mem_key, program)
+        return _memory[mem_key]

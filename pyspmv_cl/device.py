@@ -1,0 +1,364 @@
+"""Device discovery and the DeviceProfile that tuning and code generation read.
+
+A :class:`Device` wraps one OpenCL device with a lazily created context and
+(profiling-enabled) queue that every operator on that device shares, so arrays made
+by one operator can be passed to another.  Its :class:`DeviceProfile` can be
+overridden (``dev.override(simd_width=64, fp64=False)``) to exercise the code paths
+of other hardware on whatever device is present; an override shares the context and
+queue of the device it came from.
+"""
+
+import dataclasses
+import os
+import re
+import warnings
+
+import numpy as np
+import pyopencl as cl
+
+from .errors import DeviceNotFoundError
+
+DEVICE_ENV = "PYSPMV_CL_DEVICE"
+
+VENDOR_FAMILIES = ("nvidia", "amd", "intel", "pocl", "apple", "other")
+
+_PROBE_SOURCE = """
+__kernel void pyspmv_cl_probe(__global float *a, const float s)
+{
+    a[get_global_id(0)] *= s;
+}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What tuning needs to know about a device.  Immutable; see :meth:`replace`."""
+
+    name: str
+    platform_name: str
+    platform_version: str
+    driver_version: str
+    vendor: str
+    vendor_family: str            # one of VENDOR_FAMILIES
+    device_type: str              # "gpu", "cpu", "accelerator" or "other"
+    compute_units: int
+    simd_width: int               # warp/wavefront width, or CPU float lanes
+    vector_lanes_float32: int     # preferred vector width per dtype (CPU SIMD lanes)
+    vector_lanes_float64: int
+    max_work_group_size: int
+    local_mem_size: int
+    global_mem_size: int
+    max_alloc_size: int
+    fp64: bool
+    int64_atomics: bool
+    subgroups: bool
+    opencl_c_version: tuple       # (major, minor)
+    quirks: tuple = ()
+
+    def replace(self, **changes):
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown DeviceProfile field(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_gpu(self):
+        return self.device_type == "gpu"
+
+    @property
+    def is_cpu(self):
+        return self.device_type == "cpu"
+
+    def lanes(self, dtype):
+        """SIMD lanes a kernel should fill for ``dtype``: the warp/wavefront on GPUs,
+        the vector lanes of that dtype on CPUs."""
+        if self.device_type == "cpu":
+            key = "vector_lanes_float64" if np.dtype(dtype) == np.float64 else "vector_lanes_float32"
+            return max(1, getattr(self, key))
+        return max(1, self.simd_width)
+
+    def identity(self):
+        """The strings that identify compiled code for this device (cache keys)."""
+        return (self.platform_name, self.platform_version, self.name, self.driver_version)
+
+
+def _vendor_family(platform, device):
+    text = f"{platform.name} {platform.vendor} {device.vendor}".lower()
+    # PoCL first: its device vendor is the CPU maker (e.g. "AuthenticAMD").
+    if "portable computing language" in text or "pocl" in text:
+        return "pocl"
+    for family, needles in (("nvidia", ("nvidia",)),
+                            ("amd", ("advanced micro devices", "amd")),
+                            ("intel", ("intel",)),
+                            ("apple", ("apple",))):
+        if any(n in text for n in needles):
+            return family
+    return "other"
+
+
+def _device_type(device):
+    t = device.type
+    if t & cl.device_type.GPU:
+        return "gpu"
+    if t & cl.device_type.CPU:
+        return "cpu"
+    if t & cl.device_type.ACCELERATOR:
+        return "accelerator"
+    return "other"
+
+
+def _opencl_c_version(device):
+    match = re.search(r"OpenCL C (\d+)\.(\d+)", device.opencl_c_version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else (1, 0)
+
+
+def _safe_info(device, attr, default):
+    try:
+        return getattr(device, attr)
+    except (cl.Error, AttributeError):
+        return default
+
+
+def _probe_simd_width(context, device):
+    """SIMD width as the driver reports it for a real kernel: the preferred work-group
+    size multiple of a trivial probe kernel (32 on NVIDIA, 32/64 on AMD, the vector
+    lanes on PoCL), cross-checked with vendor attributes where they exist."""
+    from .cache import get_program
+
+    reported = None
+    for attr in ("warp_size_nv", "wavefront_width_amd"):
+        value = _safe_info(device, attr, None)
+        if value:
+            reported = int(value)
+    try:
+        program = get_program(context, device, _PROBE_SOURCE)
+        kernel = program.pyspmv_cl_probe
+        multiple = kernel.get_work_group_info(
+            cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, device)
+    except Exception as exc:  # a driver that cannot build the probe still gets a profile
+        warnings.warn(f"SIMD-width probe failed on {device.name!r}: {exc}", stacklevel=3)
+        multiple = None
+    if reported:
+        return reported
+    if multiple and multiple > 0:
+        return int(multiple)
+    return 32 if _device_type(device) == "gpu" else max(1, device.preferred_vector_width_float)
+
+
+def build_profile(context, device):
+    """Query ``device`` (inside ``context``) and return its DeviceProfile."""
+    platform = device.platform
+    extensions = set((device.extensions or "").split())
+    fp64 = bool(_safe_info(device, "double_fp_config", 0)) or "cl_khr_fp64" in extensions
+    subgroups = ("cl_khr_subgroups" in extensions or "cl_intel_subgroups" in extensions
+                 or _safe_info(device, "max_num_sub_groups", 0) > 0)
+    family = _vendor_family(platform, device)
+    quirks = []
+    if family == "pocl":
+        # PoCL runs work-groups as loops on host threads: no forward progress between
+        # work-groups, and barriers are costly compared with GPUs.
+        quirks += ["no-inter-group-progress", "costly-barriers"]
+    return DeviceProfile(
+        name=device.name.strip(),
+        platform_name=platform.name.strip(),
+        platform_version=platform.version.strip(),
+        driver_version=(device.driver_version or "").strip(),
+        vendor=(device.vendor or "").strip(),
+        vendor_family=family,
+        device_type=_device_type(device),
+        compute_units=int(device.max_compute_units),
+        simd_width=_probe_simd_width(context, device),
+        vector_lanes_float32=int(device.preferred_vector_width_float or 1),
+        vector_lanes_float64=int(device.preferred_vector_width_double or 0),
+        max_work_group_size=int(device.max_work_group_size),
+        local_mem_size=int(device.local_mem_size),
+        global_mem_size=int(device.global_mem_size),
+        max_alloc_size=int(device.max_mem_alloc_size),
+        fp64=fp64,
+        int64_atomics="cl_khr_int64_base_atomics" in extensions,
+        subgroups=bool(subgroups),
+        opencl_c_version=_opencl_c_version(device),
+        quirks=tuple(quirks),
+    )
+
+
+class Device:
+    """One OpenCL device plus the context and queue pyspmv_cl uses on it.
+
+    Profile fields are readable as attributes (``dev.simd_width``, ``dev.fp64``...).
+    """
+
+    def __init__(self, cl_device, platform_index=None, device_index=None, *,
+                 context=None, queue=None, profile=None, _base=None):
+        self.cl_device = cl_device
+        self.platform_index = platform_index
+        self.device_index = device_index
+        self._context = context
+        self._queue = queue
+        self._profile = profile
+        self._base = _base  # the device an override came from: shares its context
+
+    # -- identity -----------------------------------------------------------------
+    @property
+    def id(self):
+        if self.platform_index is None:
+            return "external"
+        return f"{self.platform_index}:{self.device_index}"
+
+    @property
+    def platform(self):
+        return self.cl_device.platform
+
+    def __repr__(self):
+        tag = " (overridden profile)" if self._base is not None else ""
+        return (f"<pyspmv_cl.Device {self.id} {self.cl_device.name.strip()!r} "
+                f"on {self.platform.name.strip()!r}{tag}>")
+
+    # -- lazily created OpenCL objects --------------------------------------------
+    @property
+    def context(self):
+        if self._base is not None:
+            return self._base.context
+        if self._context is None:
+            self._context = cl.Context([self.cl_device])
+        return self._context
+
+    @property
+    def queue(self):
+        if self._base is not None:
+            return self._base.queue
+        if self._queue is None:
+            self._queue = cl.CommandQueue(
+                self.context, self.cl_device,
+                properties=cl.command_queue_properties.PROFILING_ENABLE)
+        return self._queue
+
+    @property
+    def profile(self):
+        if self._profile is None:
+            self._profile = build_profile(self.context, self.cl_device)
+        return self._profile
+
+    def override(self, **changes):
+        """A Device sharing this one's context and queue, with profile fields replaced
+        (for tests: pretend SIMD width 64, no fp64, a small max allocation...)."""
+        base = self._base if self._base is not None else self
+        return Device(self.cl_device, self.platform_index, self.device_index,
+                      profile=self.profile.replace(**changes), _base=base)
+
+    def __getattr__(self, name):
+        # Only reached for names not found normally: expose the profile's fields.
+        if name.startswith("_") or name not in DeviceProfile.__dataclass_fields__:
+            raise AttributeError(name)
+        return getattr(self.profile, name)
+
+
+_ALL_DEVICES = None
+_EXTERNAL = {}
+
+
+def devices():
+    """Every OpenCL device on every platform, in platform order."""
+    global _ALL_DEVICES
+    if _ALL_DEVICES is None:
+        found = []
+        try:
+            platforms = cl.get_platforms()
+        except cl.Error:  # no ICD / no platform at all
+            platforms = []
+        for p_index, platform in enumerate(platforms):
+            try:
+                platform_devices = platform.get_devices()
+            except cl.Error:
+                continue
+            for d_index, dev in enumerate(platform_devices):
+                found.append(Device(dev, p_index, d_index))
+        _ALL_DEVICES = found
+    return list(_ALL_DEVICES)
+
+
+def _describe(dev):
+    return f"{dev.id} {dev.cl_device.name.strip()} [{dev.platform.name.strip()} {dev.platform.version.strip()}]"
+
+
+def _match(spec, candidates):
+    spec = spec.strip()
+    m = re.fullmatch(r"(\d+):(\d+)", spec)
+    if m:
+        p, d = int(m.group(1)), int(m.group(2))
+        return [c for c in candidates if (c.platform_index, c.device_index) == (p, d)]
+    if spec.isdigit():
+        i = int(spec)
+        return candidates[i:i + 1]
+    low = spec.lower()
+    if low in ("gpu", "cpu", "accelerator"):
+        return [c for c in candidates if _device_type(c.cl_device) == low]
+    if low in VENDOR_FAMILIES:
+        return [c for c in candidates if _vendor_family(c.platform, c.cl_device) == low]
+    # Otherwise a case-insensitive substring of platform name/version or device name.
+    return [c for c in candidates
+            if low in f"{c.platform.name} {c.platform.version} {c.cl_device.name}".lower()]
+
+
+def _wrap_external(cl_device, context=None, queue=None):
+    """Wrap a user's pyopencl device/context/queue; reuse the wrapper so compiled
+    programs and buffers stay shared."""
+    key = (cl_device.int_ptr, context.int_ptr if context is not None else None,
+           queue.int_ptr if queue is not None else None)
+    if key not in _EXTERNAL:
+        index = next(((d.platform_index, d.device_index) for d in devices()
+                      if d.cl_device == cl_device), (None, None))
+        _EXTERNAL[key] = Device(cl_device, *index, context=context, queue=queue)
+    return _EXTERNAL[key]
+
+
+def get_device(device=None):
+    """Resolve a device selection.
+
+    ``device`` may be a :class:`Device`, a ``pyopencl.Device``/``Context``/
+    ``CommandQueue``, an index into :func:`devices`, or a selection string
+    (``"gpu"``, ``"cpu"``, ``"nvidia"``, ``"pocl"``, ``"0:1"`` platform:device, or a
+    substring of the platform/device name).  ``None`` reads ``PYSPMV_CL_DEVICE``, else
+    picks the first GPU, else the first CPU, else the first device.
+    """
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, cl.CommandQueue):
+        return _wrap_external(device.device, device.context, device)
+    if isinstance(device, cl.Context):
+        ctx_devices = device.devices
+        if len(ctx_devices) != 1:
+            raise ValueError("pass a CommandQueue (or a single-device Context): this "
+                             f"context holds {len(ctx_devices)} devices")
+        return _wrap_external(ctx_devices[0], device)
+    if isinstance(device, cl.Device):
+        return _wrap_external(device)
+
+    candidates = devices()
+    if not candidates:
+        raise DeviceNotFoundError(
+            "no OpenCL device found. Install an OpenCL driver, e.g. "
+            "`pip install pyspmv-cl[pocl]` for the PoCL CPU device.")
+    source = "argument"
+    if device is None:
+        device = os.environ.get(DEVICE_ENV) or None
+        source = DEVICE_ENV
+    if device is None:
+        for wanted in ("gpu", "cpu"):
+            hits = _match(wanted, candidates)
+            if hits:
+                return hits[0]
+        return candidates[0]
+    if isinstance(device, (int, np.integer)):
+        device = str(int(device))
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a Device, pyopencl Device/Context/CommandQueue, "
+                        f"int or str, not {type(device).__name__}")
+    hits = _match(device, candidates)
+    if not hits:
+        listing = "\n  ".join(_describe(c) for c in candidates)
+        raise DeviceNotFoundError(
+            f"no OpenCL device matches {device!r} (from {source}). Available:\n  {listing}\n"
+            "Use platform:device (e.g. '0:1'), gpu, cpu, a vendor (nvidia, amd, intel, "
+            "pocl) or part of the device/platform name.")
+    return hits[0]

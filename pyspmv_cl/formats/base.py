@@ -1,0 +1,189 @@
+"""What every storage format shares: parameter resolution, index-type choice,
+allocation checks, device upload and building a kernel whose work-group size the
+device accepts."""
+
+import numpy as np
+import pyopencl as cl
+
+from .. import codegen
+from ..cache import get_program
+from ..errors import DeviceMemoryError, IndexOverflowError
+
+# Room left below 2**31 so that 32-bit loop counters (j += vector size, ...) never wrap.
+_INT32_LIMIT = 2**31 - 1 - 65536
+
+
+def choose_index_dtype(n_rows, n_cols, nnz, index_bits=None):
+    """int32 when every size fits (with margin), else int64; ``index_bits`` forces one."""
+    fits32 = max(n_rows, n_cols, nnz) <= _INT32_LIMIT
+    if index_bits in (None, "auto"):
+        return np.dtype(np.int32 if fits32 else np.int64)
+    if index_bits == 64:
+        return np.dtype(np.int64)
+    if index_bits == 32:
+        if not fits32:
+            raise IndexOverflowError(
+                f"32-bit indices cannot address this matrix ({n_rows}x{n_cols}, nnz={nnz}; "
+                f"limit {_INT32_LIMIT}): use index_bits=64 or leave it to the default")
+        return np.dtype(np.int32)
+    raise ValueError(f"index_bits must be 32, 64 or None, not {index_bits!r}")
+
+
+def format_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+
+
+def check_allocations(profile, sizes, extra_bytes=0):
+    """Refuse, naming the array and its size, any buffer over the device's maximum
+    allocation, or a total (plus ``extra_bytes`` for vectors) over its global memory."""
+    for name, size in sizes.items():
+        if size > profile.max_alloc_size:
+            raise DeviceMemoryError(
+                f"array {name!r} needs {format_bytes(size)}, more than the device's maximum "
+                f"single allocation of {format_bytes(profile.max_alloc_size)} on {profile.name}")
+    total = sum(sizes.values()) + extra_bytes
+    if total > profile.global_mem_size:
+        raise DeviceMemoryError(
+            f"the matrix needs {format_bytes(total)} of device memory, more than the "
+            f"{format_bytes(profile.global_mem_size)} of {profile.name}")
+
+
+def upload(context, array):
+    """A read-only device buffer holding ``array`` (one element of padding when empty:
+    OpenCL has no zero-size buffers)."""
+    array = np.ascontiguousarray(array)
+    if array.size == 0:
+        array = np.zeros(1, dtype=array.dtype)
+    return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                     hostbuf=array)
+
+
+def pow2_floor(n):
+    return 1 << (int(n).bit_length() - 1) if n >= 1 else 1
+
+
+class SpMVFormat:
+    """Base of the per-format device implementations.
+
+    Subclasses set ``name``, ``template``, ``kernel_name`` and ``param_names``, and
+    implement ``default_params``, ``_convert`` and ``_launch_geometry``.
+    """
+
+    name = None
+    template = None
+    kernel_name = None
+    param_names = ()
+
+    # -- parameters -------------------------------------------------------------
+    @classmethod
+    def default_params(cls, features, profile, dtype):
+        raise NotImplementedError
+
+    @classmethod
+    def resolve_params(cls, features, profile, dtype, user_params):
+        """Defaults for this matrix and device, overridden by the caller's values."""
+        allowed = set(cls.param_names) | {"index_bits"}
+        unknown = set(user_params) - allowed
+        if unknown:
+            raise TypeError(f"format {cls.name!r} takes no parameter(s) "
+                            f"{', '.join(sorted(unknown))}; it accepts: "
+                            f"{', '.join(sorted(allowed))}")
+        params = cls.default_params(features, profile, dtype)
+        params.update({k: v for k, v in user_params.items() if v is not None})
+        return params
+
+    # -- construction ------------------------------------------------------------
+    def __init__(self, csr, device, dtype, params):
+        self.device = device
+        self.profile = device.profile
+        self.dtype = np.dtype(dtype)
+        self.shape = csr.shape
+        self.params = dict(params)
+        self.index_dtype = choose_index_dtype(csr.shape[0], csr.shape[1], csr.nnz,
+                                              self.params.pop("index_bits", None))
+        self.params["index_bits"] = self.index_dtype.itemsize * 8
+        self._check_work_group_size()
+        host_arrays = self._convert(csr)
+        sizes = {name: arr.nbytes for name, arr in host_arrays.items()}
+        vector_bytes = (csr.shape[0] + csr.shape[1]) * self.dtype.itemsize
+        check_allocations(self.profile, sizes, vector_bytes)
+        self.nbytes = int(sum(sizes.values()))
+        self.buffers = {name: upload(device.context, arr) for name, arr in host_arrays.items()}
+        self._kernels = {}
+
+    def _check_work_group_size(self):
+        wg = self.params.get("work_group_size")
+        limit = self.profile.max_work_group_size
+        if not isinstance(wg, (int, np.integer)) or isinstance(wg, bool) or wg < 1:
+            raise ValueError(f"{self.name}: work_group_size must be a positive integer, "
+                             f"not {wg!r}")
+        if wg > limit:
+            raise ValueError(f"{self.name}: work_group_size={wg} exceeds the device's maximum "
+                             f"of {limit} on {self.profile.name}")
+        local_bytes = self._local_bytes(int(wg))
+        if local_bytes > self.profile.local_mem_size:
+            raise ValueError(f"{self.name}: work_group_size={wg} needs {local_bytes} B of local "
+                             f"memory, more than the device's {self.profile.local_mem_size} B")
+        self.params["work_group_size"] = int(wg)
+
+    def _local_bytes(self, work_group_size):
+        """Local memory a work-group of this size uses (0 unless a kernel needs some)."""
+        return 0
+
+    def _convert(self, csr):
+        """Host arrays of this format, as an ordered dict name -> numpy array."""
+        raise NotImplementedError
+
+    # -- kernels ------------------------------------------------------------------
+    def _render(self, use_beta, work_group_size):
+        return codegen.render(self.template, dtype=self.dtype, index_dtype=self.index_dtype,
+                              profile=self.profile, use_beta=use_beta,
+                              work_group_size=work_group_size, **self._template_params())
+
+    def _template_params(self):
+        return {}
+
+    def _min_work_group_size(self):
+        return 1
+
+    def kernel(self, use_beta):
+        """The kernel for the beta == 0 or beta != 0 variant, built on first use with
+        a work-group size the compiled kernel accepts (shrunk and rebuilt if not)."""
+        if use_beta in self._kernels:
+            return self._kernels[use_beta]
+        ctx, dev = self.device.context, self.device.cl_device
+        wg = int(self.params["work_group_size"])
+        while True:
+            program = get_program(ctx, dev, self._render(use_beta, wg))
+            kernel = cl.Kernel(program, self.kernel_name)
+            limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
+            if wg <= limit:
+                break
+            smaller = pow2_floor(limit)
+            if smaller < self._min_work_group_size():
+                raise RuntimeError(
+                    f"{self.name}: the compiled kernel allows work-groups of at most {limit} "
+                    f"work-items, fewer than the {self._min_work_group_size()} it needs")
+            wg = smaller
+        self.params["work_group_size"] = wg
+        self._kernels[use_beta] = kernel
+        return kernel
+
+    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
+        """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event."""
+        use_beta = beta != 0
+        kernel = self.kernel(use_beta)
+        args = self._kernel_args(x_buf, y_buf, self.dtype.type(alpha), self.dtype.type(beta))
+        kernel.set_args(*args)
+        global_size, local_size = self._launch_geometry()
+        return cl.enqueue_nd_range_kernel(queue, kernel, (global_size,), (local_size,),
+                                          wait_for=wait_for)
+
+    def _kernel_args(self, x_buf, y_buf, alpha, beta):
+        raise NotImplementedError
+
+    def _launch_geometry(self):
+        raise NotImplementedError

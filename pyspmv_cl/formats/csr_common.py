@@ -1,0 +1,30 @@
+"""The CSR arrays shared by the CSR kernels (row_ptr, col_idx, values)."""
+
+from .base import SpMVFormat
+
+
+class CSRFormatBase(SpMVFormat):
+    """Uploads CSR as it is: row_ptr, col_idx, values (indices in the chosen type)."""
+
+    def _convert(self, csr):
+        return {
+            "row_ptr": csr.indptr.astype(self.index_dtype, copy=False),
+            "col_idx": csr.indices.astype(self.index_dtype, copy=False),
+            "values": csr.data.astype(self.dtype, copy=False),
+        }
+
+    def _kernel_args(self, x_buf, y_buf, alpha, beta):
+        b = self.buffers
+        return (self._n_rows, b["row_ptr"], b["col_idx"], b["values"], x_buf, y_buf, alpha, beta)
+
+    @property
+    def _n_rows(self):
+        import numpy as np
+        return np.int64(self.shape[0])
+
+    def _groups_for(self, rows_per_group):
+        """Enough work-groups to cover the rows once, capped so huge matrices loop
+        (the kernels stride over rows) instead of launching millions of groups."""
+        groups = -(-self.shape[0] // rows_per_group)
+        cap = max(1, self.profile.compute_units) * 256
+        return max(1, min(groups, cap))

@@ -1,0 +1,120 @@
+"""Validation and normalisation of user inputs: the matrix (any scipy.sparse type or a
+CSR triple) and the value dtype.  Invalid input is refused here, on the host, before
+anything reaches a device where a bad index would read out of bounds."""
+
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import DeviceCapabilityError, UnsupportedDtypeError
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_SUPPORTED_TEXT = "float32 and float64"
+
+
+def _csr_from_triple(A, shape):
+    if len(A) != 3:
+        raise TypeError("a CSR triple must be (data, indices, indptr)")
+    if shape is None:
+        raise TypeError("shape=(rows, cols) is required with a (data, indices, indptr) triple")
+    data, indices, indptr = (np.asarray(a) for a in A)
+    rows, cols = _check_shape(shape)
+    for name, arr in (("data", data), ("indices", indices), ("indptr", indptr)):
+        if arr.ndim != 1:
+            raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    for name, arr in (("indices", indices), ("indptr", indptr)):
+        if arr.size and arr.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers, not {arr.dtype}")
+    if indptr.size != rows + 1:
+        raise ValueError(f"indptr has {indptr.size} entries; a {rows}-row matrix needs {rows + 1}")
+    if data.size != indices.size:
+        raise ValueError(f"data ({data.size}) and indices ({indices.size}) differ in length")
+    # Build without scipy's own checks; validate_csr below checks everything vectorised.
+    csr = sp.csr_matrix((rows, cols), dtype=data.dtype if data.size else np.float64)
+    csr.data, csr.indices, csr.indptr = data, indices, indptr
+    return csr
+
+
+def _check_shape(shape):
+    try:
+        rows, cols = (int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"shape must be a pair of integers, not {shape!r}") from None
+    if rows < 0 or cols < 0:
+        raise ValueError(f"shape must not be negative: {shape!r}")
+    return rows, cols
+
+
+def validate_csr(csr):
+    """Check the CSR structure so no kernel can index outside its arrays."""
+    rows, cols = csr.shape
+    indptr, indices = csr.indptr, csr.indices
+    nnz = indices.size
+    if indptr.size != rows + 1:
+        raise ValueError(f"indptr has {indptr.size} entries; expected {rows + 1}")
+    if indptr[0] != 0 or indptr[-1] != nnz or csr.data.size != nnz:
+        raise ValueError(f"indptr must start at 0 and end at nnz={nnz} "
+                         f"(got {indptr[0]}..{indptr[-1]}, {csr.data.size} values)")
+    if rows and np.any(np.diff(indptr) < 0):
+        raise ValueError("indptr must be non-decreasing")
+    if nnz and (indices.min() < 0 or indices.max() >= cols):
+        raise ValueError(f"column indices must lie in [0, {cols}); found "
+                         f"[{indices.min()}, {indices.max()}]")
+
+
+def as_host_csr(A, shape=None):
+    """Any scipy.sparse matrix/array, or (data, indices, indptr) with ``shape``, as a
+    validated ``scipy.sparse.csr_matrix`` (converted once; no copy when already CSR)."""
+    if sp.issparse(A):
+        if shape is not None and tuple(shape) != tuple(A.shape):
+            raise ValueError(f"shape={tuple(shape)} contradicts the matrix shape {A.shape}")
+        csr = A.tocsr()
+        if not isinstance(csr, sp.csr_matrix):  # sparse arrays -> the matrix class
+            csr = sp.csr_matrix(csr)
+    elif isinstance(A, tuple):
+        csr = _csr_from_triple(A, shape)
+    else:
+        raise TypeError(
+            f"expected a scipy.sparse matrix or array, or (data, indices, indptr) with "
+            f"shape=..., not {type(A).__name__} (convert dense data with "
+            "scipy.sparse.csr_matrix first)")
+    if csr.dtype.kind == "c":
+        raise UnsupportedDtypeError(
+            f"complex matrices ({csr.dtype}) are not supported yet; supported value types "
+            f"are {_SUPPORTED_TEXT}")
+    if csr.dtype.kind not in "fiub":
+        raise UnsupportedDtypeError(f"matrix dtype {csr.dtype} is not numeric")
+    validate_csr(csr)
+    return csr
+
+
+def resolve_dtype(requested, matrix_dtype, profile):
+    """The value type the kernels use.  ``None`` keeps float32/float64 matrices as they
+    are and computes integer/bool/float16 matrices in float64 (float32 without fp64)."""
+    if requested is None:
+        if matrix_dtype in SUPPORTED_DTYPES:
+            dtype = matrix_dtype
+        else:
+            dtype = np.dtype(np.float64 if profile.fp64 else np.float32)
+    else:
+        try:
+            dtype = np.dtype(requested)
+        except TypeError:
+            raise UnsupportedDtypeError(f"dtype {requested!r} is not understood; supported: "
+                                        f"{_SUPPORTED_TEXT}") from None
+        if dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedDtypeError(
+                f"dtype {dtype} is not supported; supported value types are {_SUPPORTED_TEXT}")
+    if dtype == np.float64 and not profile.fp64:
+        raise DeviceCapabilityError(
+            f"device {profile.name!r} has no double precision (fp64) support: use "
+            "dtype=numpy.float32 or another device")
+    return dtype
+
+
+def check_real_scalar(name, value):
+    if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
+        raise UnsupportedDtypeError(f"{name} must be real, got {value!r}")
+    try:
+        return float(np.real(value))
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, not {value!r}") from None

@@ -1,0 +1,228 @@
+"""The user-facing SpMV operator: y = alpha * A @ x + beta * y on one OpenCL device."""
+
+import time
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from .device import get_device
+from .errors import UnsupportedDtypeError
+from .formats import get_format
+from .inputs import as_host_csr, check_real_scalar, resolve_dtype
+from .tuning import MatrixFeatures, choose_format
+
+
+def _is_device_array(obj):
+    return isinstance(obj, cla.Array)
+
+
+class SpMV:
+    """A sparse matrix stored on an OpenCL device in one format, ready to multiply.
+
+    Parameters
+    ----------
+    A : scipy.sparse matrix or array, or (data, indices, indptr)
+        The matrix; a CSR triple needs ``shape``.  Converted once, at construction.
+    format : str
+        A name from :func:`pyspmv_cl.formats`, or ``"auto"`` to let the library choose.
+    dtype : float32 or float64, optional
+        Value type on the device.  Default: the matrix's own float type (integer
+        matrices are computed in float64, or float32 on devices without fp64).
+    device : optional
+        See :func:`pyspmv_cl.get_device` (a Device, a pyopencl Device/Context/
+        CommandQueue, an index or a selection string).  Default: ``PYSPMV_CL_DEVICE``,
+        else the first GPU, else the first CPU.
+    **params
+        Format parameters (e.g. ``vector_size=8``, ``work_group_size=128``,
+        ``index_bits=64``); unknown names are refused.
+
+    Attributes: ``format``, ``params``, ``explanation``, ``nbytes`` (device
+    footprint of the matrix), ``shape``, ``dtype``, ``device``, ``conversion_time``
+    (seconds spent converting and uploading).
+
+    One operator is not meant to be used from several threads at once: host vectors
+    travel through per-operator staging buffers.
+    """
+
+    def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, **params):
+        self.device = get_device(device)
+        profile = self.device.profile
+        csr = as_host_csr(A, shape)
+        self.shape = (int(csr.shape[0]), int(csr.shape[1]))
+        self.dtype = resolve_dtype(dtype, csr.dtype, profile)
+        features = MatrixFeatures.from_csr(csr)
+        if format == "auto":
+            format, self.explanation = choose_format(features, profile, self.dtype)
+        else:
+            self.explanation = "format chosen by the caller"
+        fmt_cls = get_format(format)
+        resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
+        start = time.perf_counter()
+        self._impl = fmt_cls(csr, self.device, self.dtype, resolved)
+        self._impl.kernel(use_beta=False)  # compile now: build errors surface here
+        self.conversion_time = time.perf_counter() - start
+        self.format = format
+        self.nbytes = self._impl.nbytes
+        self._staging = {}
+
+    # -- descriptive ---------------------------------------------------------------
+    @property
+    def params(self):
+        return dict(self._impl.params)
+
+    @property
+    def queue(self):
+        return self.device.queue
+
+    def __repr__(self):
+        m, n = self.shape
+        return (f"<pyspmv_cl.SpMV {m}x{n} {self.dtype} format={self.format!r} "
+                f"params={self.params} on {self.device.profile.name!r}>")
+
+    # -- multiplication --------------------------------------------------------------
+    def __matmul__(self, x):
+        return self.matvec(x)
+
+    def dot(self, x):
+        return self.matvec(x)
+
+    def matvec(self, x, out=None, alpha=1.0, beta=0.0):
+        """Return ``alpha * A @ x + beta * out`` (stored into ``out`` when given).
+
+        ``x`` and ``out`` may be numpy arrays (host) or pyopencl arrays on this
+        operator's context (they stay on the device; the call then returns without
+        waiting, ordered by the arrays' events).  With ``beta == 0`` the old contents of
+        ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; a host ``x`` of shape
+        ``(n, k)`` is multiplied column by column.
+        """
+        alpha = check_real_scalar("alpha", alpha)
+        beta = check_real_scalar("beta", beta)
+        if beta != 0 and out is None:
+            raise ValueError("beta != 0 needs out= holding the y to accumulate into")
+        if _is_device_array(x):
+            return self._matvec_device(x, out, alpha, beta)
+        return self._matvec_host(x, out, alpha, beta)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_vector_dtype(self, name, dtype):
+        if dtype.kind == "c":
+            raise UnsupportedDtypeError(
+                f"{name} is complex ({dtype}); only real float32/float64 are supported")
+        if dtype.kind not in "fiub":
+            raise UnsupportedDtypeError(f"{name} has non-numeric dtype {dtype}")
+
+    def _check_x_shape(self, shape):
+        n = self.shape[1]
+        if len(shape) not in (1, 2) or shape[0] != n:
+            raise ValueError(f"x has shape {shape}; this {self.shape[0]}x{n} matrix needs "
+                             f"({n},) or ({n}, k)")
+
+    def _out_shape(self, x_shape):
+        return (self.shape[0],) + tuple(x_shape[1:])
+
+    def _check_out(self, out, expected_shape):
+        if tuple(out.shape) != expected_shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected {expected_shape}")
+
+    def _staging_buffer(self, role, n):
+        buf = self._staging.get(role)
+        if buf is None:
+            nbytes = max(1, n) * self.dtype.itemsize
+            buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, nbytes)
+            self._staging[role] = buf
+        return buf
+
+    def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None):
+        return self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
+
+    def _matvec_host(self, x, out, alpha, beta):
+        x = np.asarray(x)
+        self._check_vector_dtype("x", x.dtype)
+        self._check_x_shape(x.shape)
+        expected = self._out_shape(x.shape)
+        if out is not None:
+            if _is_device_array(out):
+                return self._matvec_device(cla.to_device(self.queue, np.ascontiguousarray(
+                    x, dtype=self.dtype)), out, alpha, beta)
+            out_arr = np.asarray(out)
+            if out_arr is not out or not out.flags.writeable:
+                raise ValueError("out must be a writeable numpy array")
+            if out.dtype.kind != "f":
+                raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+            self._check_out(out, expected)
+        if x.ndim == 2 and x.shape[1] != 1:
+            result = out if out is not None else np.empty(expected, dtype=self.dtype)
+            for j in range(x.shape[1]):  # one SpMV per column
+                self._matvec_host(x[:, j], result[:, j], alpha, beta)
+            return result
+
+        m, n = self.shape
+        y_host = np.empty(m, dtype=self.dtype)
+        if m == 0:
+            return out if out is not None else y_host.reshape(expected)
+        x_buf = self._staging_buffer("x", n)
+        y_buf = self._staging_buffer("y", m)
+        queue = self.queue
+        if n:
+            cl.enqueue_copy(queue, x_buf, np.ascontiguousarray(x.reshape(n), dtype=self.dtype),
+                            is_blocking=False)
+        if beta != 0:
+            cl.enqueue_copy(queue, y_buf, np.ascontiguousarray(out.reshape(m), dtype=self.dtype),
+                            is_blocking=False)
+        self._launch(x_buf, y_buf, alpha, beta)
+        cl.enqueue_copy(queue, y_host, y_buf, is_blocking=True)
+        if out is None:
+            return y_host.reshape(expected)
+        out[...] = y_host.reshape(expected)
+        return out
+
+    def _device_buffer(self, arr, name):
+        if arr.context != self.device.context:
+            raise ValueError(f"{name} lives on another OpenCL context than this operator "
+                             f"({self.device!r}); create it with op.queue or op.device.context")
+        if arr.dtype != self.dtype:
+            raise UnsupportedDtypeError(
+                f"{name} has dtype {arr.dtype} but the operator computes in {self.dtype}; "
+                f"convert it on the device with {name}.astype(numpy.{self.dtype})")
+        if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            raise ValueError(f"{name} must be contiguous on the device")
+        if arr.size == 0 or arr.base_data is None:
+            return self._staging_buffer("dummy", 1)
+        if arr.offset:
+            raise ValueError(f"{name} must start at the beginning of its buffer (offset 0)")
+        return arr.base_data
+
+    def _matvec_device(self, x, out, alpha, beta):
+        self._check_x_shape(x.shape)
+        if x.ndim == 2 and x.shape[1] != 1:
+            raise ValueError("device-resident x must be 1-D or (n, 1)")
+        expected = self._out_shape(x.shape)
+        x_buf = self._device_buffer(x, "x")
+        if out is None:
+            out = cla.empty(self.queue, expected, self.dtype)
+        elif not _is_device_array(out):
+            raise TypeError("with a device-resident x, out must be a pyopencl array too")
+        self._check_out(out, expected)
+        y_buf = self._device_buffer(out, "out")
+        if self.shape[0] == 0:
+            return out
+        event = self._launch(x_buf, y_buf, alpha, beta, wait_for=list(x.events) + list(out.events))
+        out.add_event(event)
+        x.add_event(event)
+        return out
+
+    # -- interoperability -----------------------------------------------------------------
+    def aslinearoperator(self):
+        """A ``scipy.sparse.linalg.LinearOperator`` whose matvec runs on the device."""
+        from scipy.sparse.linalg import LinearOperator
+
+        return LinearOperator(self.shape, matvec=self.matvec, matmat=self.matvec,
+                              dtype=self.dtype)
+
+
+def spmv(A, x, *, out=None, alpha=1.0, beta=0.0, **kwargs):
+    """One-shot ``alpha * A @ x + beta * out``; ``kwargs`` go to :class:`SpMV`.
+    Builds the operator each call (compiled kernels are cached): for repeated products
+    keep an :class:`SpMV`."""
+    return SpMV(A, **kwargs).matvec(x, out=out, alpha=alpha, beta=beta)

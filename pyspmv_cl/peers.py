@@ -1,0 +1,288 @@
+"""Reference SpMV implementations ("peers") that a user would otherwise call, timed alike.
+
+Peers: ``scipy`` (always), ``torch-csr`` (PyTorch sparse CSR + ``torch.mv``), ``mkl``
+(sparse_dot_mkl's ``dot_product_mkl``) and ``cusparse`` (CuPy's cuSPARSE-backed
+``csr_matrix``). Optional libraries are imported only inside the functions that need
+them, so importing this module never pulls in torch, cupy or MKL, and a missing or
+broken library only makes its peer unavailable, with the reason recorded.
+
+Every peer converts the matrix once (``Peer.prepare``), outside the timed region; the
+timed callable does only the product. CPU peers are timed by wall clock around each
+call; the GPU peer by CUDA events around the product with x already on the device.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["PEER_NAMES", "Peer", "available_peers", "median_time", "time_peer"]
+
+PEER_NAMES = ("scipy", "torch-csr", "mkl", "cusparse")
+_ALIASES = {"torch": "torch-csr", "sparse_dot_mkl": "mkl", "cupy": "cusparse"}
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _sample(warm: Callable[[], None], measure: Callable[[], float], warmup: int, repeats: int,
+            min_time: float, max_time: float) -> float:
+    """Median of ``measure()`` after ``warmup`` calls of ``warm()``.
+
+    Keeps sampling until both ``repeats`` samples and ``min_time`` wall seconds are
+    reached (short calls get many samples, which steadies the median), but stops at
+    ``max_time`` so very slow calls still finish; at least one sample is taken.
+    """
+    if warmup < 0 or repeats < 1:
+        raise ValueError("need warmup >= 0 and repeats >= 1")
+    for _ in range(warmup):
+        warm()
+    samples = []
+    start = time.perf_counter()
+    while True:
+        samples.append(measure())
+        elapsed = time.perf_counter() - start
+        if elapsed >= max_time or (len(samples) >= repeats and elapsed >= min_time):
+            break
+    return float(statistics.median(samples))
+
+
+def median_time(fn: Callable[[], None], *, warmup: int = 3, repeats: int = 20,
+                min_time: float = 0.2, max_time: float = 5.0) -> float:
+    """Median wall time in seconds of ``fn()`` (see ``_sample`` for the stopping rule)."""
+
+    def measure() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    return _sample(fn, measure, warmup, repeats, min_time, max_time)
+
+
+# --------------------------------------------------------------------------- peers
+
+
+@dataclass
+class Peer:
+    """One reference implementation of y = A @ x.
+
+    ``device`` is ``"cpu"`` when the prepared callable takes and returns numpy arrays,
+    ``"cuda"`` when it takes and returns CuPy device arrays (see ``time_peer``).
+    """
+
+    name: str
+    available: bool
+    reason: str = ""
+    device: str = "cpu"
+    builder: Callable | None = field(default=None, repr=False, compare=False)
+
+    def prepare(self, A, dtype) -> Callable:
+        """Convert ``A`` once for this peer; returns ``f(x) -> y`` doing only the product."""
+        if not self.available or self.builder is None:
+            raise RuntimeError(f"peer {self.name!r} is unavailable: {self.reason}")
+        return self.builder(sp.csr_matrix(A), np.dtype(dtype))
+
+
+def _as_csr(A, dtype: np.dtype) -> sp.csr_matrix:
+    B = A.astype(dtype).tocsr()
+    B.sum_duplicates()  # every peer should see the same canonical matrix
+    return B
+
+
+def _tiny():
+    """Small non-symmetric test matrix and vector to check that a peer really works."""
+    A = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0], [4.0, 0.0, 5.0]]))
+    x = np.array([1.0, 2.0, 3.0])
+    return A, x, A @ x
+
+
+# scipy ------------------------------------------------------------------------
+
+
+def _scipy_builder(A, dtype):
+    B = _as_csr(A, dtype)
+    return lambda x: B @ x
+
+
+def _scipy_peer() -> Peer:
+    return Peer("scipy", True, builder=_scipy_builder)
+
+
+# torch ------------------------------------------------------------------------
+
+_torch_threads_set = False
+
+
+def _torch_builder(A, dtype):
+    global _torch_threads_set
+    import torch
+
+    if not _torch_threads_set:
+        # torch defaults to the physical core count; use every logical CPU, as the
+        # OpenCL CPU runtimes do, so both sides get the same machine.
+        torch.set_num_threads(os.cpu_count() or 1)
+        _torch_threads_set = True
+    B = _as_csr(A, dtype)
+    # 32-bit indices when they fit: torch's MKL path then uses them as they are, while
+    # int64 ones cost ~1.8x the time (poisson2d(1000), 2-core CPU, torch 2.13).
+    idx = np.int32 if max(B.nnz, B.shape[1]) < 2**31 else np.int64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        T = torch.sparse_csr_tensor(
+            torch.from_numpy(B.indptr.astype(idx)),
+            torch.from_numpy(B.indices.astype(idx)),
+            torch.from_numpy(B.data),
+            size=B.shape,
+            check_invariants=False,  # scipy's canonical CSR already satisfies them
+        )
+    # from_numpy/.numpy() share memory, so the callable times only torch.mv.
+    return lambda x: torch.mv(T, torch.from_numpy(x)).numpy()
+
+
+def _torch_peer() -> Peer:
+    import torch  # noqa: F401  (raises if missing or broken)
+
+    A, x, y = _tiny()
+    got = _torch_builder(A, np.dtype(np.float64))(x)
+    if not np.allclose(got, y):
+        raise RuntimeError(f"torch.mv gave {got}, expected {y}")
+    return Peer("torch-csr", True, builder=_torch_builder)
+
+
+# mkl --------------------------------------------------------------------------
+
+
+def _point_mkl_rt_at_prefix() -> None:
+    # pip's `mkl` wheel puts libmkl_rt.so.N in <venv>/lib, which the loader does not
+    # search, so sparse_dot_mkl fails with "mkl_rt not found". Its documented MKL_RT
+    # variable fixes that; set it only when unset and the library is really there.
+    if "MKL_RT" in os.environ:
+        return
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        found = sorted(glob.glob(os.path.join(prefix, "lib", "libmkl_rt.so*")))
+        if found:
+            os.environ["MKL_RT"] = found[-1]
+            return
+
+
+def _mkl_builder(A, dtype):
+    from sparse_dot_mkl import dot_product_mkl
+
+    B = _as_csr(A, dtype)
+    return lambda x: dot_product_mkl(B, x)
+
+
+def _mkl_peer() -> Peer:
+    _point_mkl_rt_at_prefix()
+    A, x, y = _tiny()
+    got = _mkl_builder(A, np.dtype(np.float64))(x)  # imports sparse_dot_mkl, loads MKL
+    if not np.allclose(got, y):
+        raise RuntimeError(f"dot_product_mkl gave {got}, expected {y}")
+    return Peer("mkl", True, builder=_mkl_builder)
+
+
+# cusparse ---------------------------------------------------------------------
+
+
+def _cusparse_builder(A, dtype):
+    import cupyx.scipy.sparse as csp
+
+    B = csp.csr_matrix(_as_csr(A, dtype))  # upload once
+    return lambda x_dev: B @ x_dev
+
+
+def _cusparse_peer() -> Peer:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError("no CUDA device")
+    A, x, y = _tiny()
+    got = cupy.asnumpy(_cusparse_builder(A, np.dtype(np.float64))(cupy.asarray(x)))
+    if not np.allclose(got, y):
+        raise RuntimeError(f"cupyx csr_matrix @ x gave {got}, expected {y}")
+    return Peer("cusparse", True, device="cuda", builder=_cusparse_builder)
+
+
+_DETECTORS = {
+    "scipy": _scipy_peer,
+    "torch-csr": _torch_peer,
+    "mkl": _mkl_peer,
+    "cusparse": _cusparse_peer,
+}
+
+
+def available_peers(include: Iterable[str] | None = None) -> list[Peer]:
+    """Detect the peers (all of ``PEER_NAMES``, or those named in ``include``).
+
+    Returns one ``Peer`` per name, in ``PEER_NAMES`` order; a peer whose library is
+    missing, fails to load or computes a wrong tiny product comes back with
+    ``available=False`` and the reason -- this never raises for that. Unknown names in
+    ``include`` are a caller error (ValueError). Aliases: torch, sparse_dot_mkl, cupy.
+    """
+    if include is None:
+        wanted = set(PEER_NAMES)
+    else:
+        wanted = {_ALIASES.get(name, name) for name in include}
+        unknown = wanted.difference(PEER_NAMES)
+        if unknown:
+            raise ValueError(f"unknown peers {sorted(unknown)}; known: {', '.join(PEER_NAMES)}")
+    peers = []
+    for name in PEER_NAMES:
+        if name not in wanted:
+            continue
+        try:
+            peers.append(_DETECTORS[name]())
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  broken installs raise anything
+            reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+            peers.append(Peer(name, False, reason))
+    return peers
+
+
+# --------------------------------------------------------------------------- timing a peer
+
+
+def time_peer(peer: Peer, A, x, dtype, **median_kw) -> tuple[float, np.ndarray]:
+    """Median seconds of one y = A @ x with ``peer``, and y as a host numpy array.
+
+    Conversion and uploads happen once, outside the timed region. CPU peers: wall
+    time of the callable (``median_time``). CUDA peers: x is uploaded once, and each
+    sample is the CUDA-event time of the product alone, synchronised after it.
+    ``median_kw`` takes median_time's keywords (warmup, repeats, min_time, max_time).
+    """
+    dtype = np.dtype(dtype)
+    f = peer.prepare(A, dtype)
+    xh = np.ascontiguousarray(x, dtype=dtype)
+    if peer.device == "cpu":
+        y = np.asarray(f(xh))
+        return median_time(lambda: f(xh), **median_kw), y
+
+    import cupy
+
+    x_dev = cupy.asarray(xh)
+    y = cupy.asnumpy(f(x_dev))
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def warm() -> None:
+        f(x_dev)
+        end.record()
+        end.synchronize()
+
+    def measure() -> float:
+        start.record()
+        f(x_dev)
+        end.record()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) * 1e-3  # ms -> s
+
+    kw = {"warmup": 3, "repeats": 20, "min_time": 0.2, "max_time": 5.0, **median_kw}
+    return _sample(warm, measure, kw["warmup"], kw["repeats"], kw["min_time"],
+                   kw["max_time"]), y

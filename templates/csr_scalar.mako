@@ -1,0 +1,22 @@
+<%namespace name="c" file="common.mako"/>
+## CSR scalar (Bell & Garland): one work-item per row, rows strided over the grid.
+${c.preamble()}
+
+__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
+void csr_scalar(const long n_rows,
+                __global const index_t *restrict row_ptr,
+                __global const index_t *restrict col_idx,
+                __global const real_t *restrict values,
+                __global const real_t *restrict x,
+                __global real_t *restrict y,
+                const real_t alpha,
+                const real_t beta)
+{
+    for (long row = get_global_id(0); row < n_rows; row += get_global_size(0)) {
+        const index_t end = row_ptr[row + 1];
+        real_t sum = 0;
+        for (index_t j = row_ptr[row]; j < end; ++j)
+            sum += values[j] * x[col_idx[j]];
+${c.store_y("row", "sum")}
+    }
+}
