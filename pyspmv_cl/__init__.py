@@ -8,9 +8,16 @@
 from ._version import __version__
 from .device import Device, DeviceProfile, get_device
 from .device import devices as _all_devices
-from .errors import (DeviceCapabilityError, DeviceMemoryError, DeviceNotFoundError,
-                     FormatNotSuitableError, IndexOverflowError, KernelBuildError,
-                     PySpMVError, UnsupportedDtypeError)
+from .errors import (
+    DeviceCapabilityError,
+    DeviceMemoryError,
+    DeviceNotFoundError,
+    FormatNotSuitableError,
+    IndexOverflowError,
+    KernelBuildError,
+    PySpMVError,
+    UnsupportedDtypeError,
+)
 from .formats import FORMATS as _FORMATS
 from .matrix import SpMV, spmv
 

@@ -174,7 +174,8 @@ def get_program(context, device, source, options=()):
             program = None
         except OSError as exc:
             stats["disk_errors"] += 1
-            _warn_once(("read", str(root)), f"pyspmv_cl: kernel cache unreadable ({exc})")
+            _warn_once(("dir", str(root)), f"pyspmv_cl: kernel cache {root} unusable ({exc}); "
+                       "continuing with the in-memory cache only")
 
     if program is None:
         program = _build_from_source(context, device, source, options)
@@ -186,7 +187,7 @@ def get_program(context, device, source, options=()):
                     _write_entry(path, key, bytes(binaries[0]))
             except (OSError, cl.Error) as exc:
                 stats["disk_errors"] += 1
-                _warn_once(("write", str(root)),
+                _warn_once(("dir", str(root)),
                            f"pyspmv_cl: cannot write the kernel cache in {root} ({exc}); "
                            "continuing with the in-memory cache only")
 

@@ -29,13 +29,13 @@ def _package_dir(name):
     return str(resources.files(f"pyspmv_cl.{name}"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lookup():
     return TemplateLookup(directories=[_package_dir("templates")], strict_undefined=True,
                           input_encoding="utf-8")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def helper(name):
     """The text of a hand-written OpenCL helper from ``kernels/``."""
     return resources.files("pyspmv_cl.kernels").joinpath(name).read_text(encoding="utf-8")

@@ -73,8 +73,8 @@ class DeviceProfile:
         """SIMD lanes a kernel should fill for ``dtype``: the warp/wavefront on GPUs,
         the vector lanes of that dtype on CPUs."""
         if self.device_type == "cpu":
-            key = "vector_lanes_float64" if np.dtype(dtype) == np.float64 else "vector_lanes_float32"
-            return max(1, getattr(self, key))
+            double = np.dtype(dtype) == np.float64
+            return max(1, self.vector_lanes_float64 if double else self.vector_lanes_float32)
         return max(1, self.simd_width)
 
     def identity(self):
@@ -278,7 +278,9 @@ def devices():
 
 
 def _describe(dev):
-    return f"{dev.id} {dev.cl_device.name.strip()} [{dev.platform.name.strip()} {dev.platform.version.strip()}]"
+    platform = dev.platform
+    return (f"{dev.id} {dev.cl_device.name.strip()} "
+            f"[{platform.name.strip()} {platform.version.strip()}]")
 
 
 def _match(spec, candidates):

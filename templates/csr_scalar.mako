@@ -1,5 +1,6 @@
 <%namespace name="c" file="common.mako"/>
-## CSR scalar (Bell & Garland): one work-item per row, rows strided over the grid.
+## CSR scalar (Bell & Garland): one work-item per row.  The host launches one
+## work-item per row, so each work-group covers a contiguous block of rows.
 ${c.preamble()}
 
 __kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
@@ -12,7 +13,8 @@ void csr_scalar(const long n_rows,
                 const real_t alpha,
                 const real_t beta)
 {
-    for (long row = get_global_id(0); row < n_rows; row += get_global_size(0)) {
+    const long row = get_global_id(0);
+    if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
         real_t sum = 0;
         for (index_t j = row_ptr[row]; j < end; ++j)

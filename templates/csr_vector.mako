@@ -1,7 +1,10 @@
 <%namespace name="c" file="common.mako"/>
 ## CSR vector (Bell & Garland): a group of ${vector_size} work-items per row, each
-## summing a strided share of the row, combined by a tree reduction in local memory
-## with barriers (no reliance on lock-step execution of a warp or wavefront).
+## summing a strided share of the row, then combined in local memory with barriers
+## (no reliance on lock-step execution of a warp or wavefront).
+## reduction = "tree": log2(vector_size) halving steps (GPUs);
+## reduction = "serial": one barrier, then lane 0 adds the partial sums (CPUs, where
+## each barrier splits the work-item loop and costs more than the additions).
 ${c.preamble()}
 <% rows_per_group = work_group_size // vector_size %>
 #define VECTOR_SIZE ${vector_size}
@@ -20,27 +23,31 @@ void csr_vector(const long n_rows,
     __local real_t partial[${work_group_size}];
     const uint lid = get_local_id(0);
     const uint lane = lid & (VECTOR_SIZE - 1);
-    const long stride = (long)get_num_groups(0) * ROWS_PER_GROUP;
-
-    // The loop bound is the same for every work-item of the group, so all of them
-    // reach every barrier.
-    for (long base = (long)get_group_id(0) * ROWS_PER_GROUP; base < n_rows; base += stride) {
-        const long row = base + lid / VECTOR_SIZE;
-        real_t sum = 0;
-        if (row < n_rows) {
-            const index_t end = row_ptr[row + 1];
-            for (index_t j = row_ptr[row] + lane; j < end; j += VECTOR_SIZE)
-                sum += values[j] * x[col_idx[j]];
-        }
-        partial[lid] = sum;
-        barrier(CLK_LOCAL_MEM_FENCE);
-% for s in [vector_size >> k for k in range(1, vector_size.bit_length()) ]:
-        if (lane < ${s})
-            partial[lid] = sum = sum + partial[lid + ${s}];
-        barrier(CLK_LOCAL_MEM_FENCE);
+    // One launch covers every row (the host sizes the grid), so there is no row loop
+    // around the barriers.
+    const long row = (long)get_group_id(0) * ROWS_PER_GROUP + lid / VECTOR_SIZE;
+    real_t sum = 0;
+    if (row < n_rows) {
+        const index_t end = row_ptr[row + 1];
+        for (index_t j = row_ptr[row] + lane; j < end; j += VECTOR_SIZE)
+            sum += values[j] * x[col_idx[j]];
+    }
+    partial[lid] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+% if reduction == "tree":
+% for s in [vector_size >> k for k in range(1, vector_size.bit_length())]:
+    if (lane < ${s})
+        partial[lid] = sum = sum + partial[lid + ${s}];
+    barrier(CLK_LOCAL_MEM_FENCE);
 % endfor
-        if (lane == 0 && row < n_rows) {
+% else:
+    if (lane == 0) {
+% for k in range(1, vector_size):
+        sum += partial[lid + ${k}];
+% endfor
+    }
+% endif
+    if (lane == 0 && row < n_rows) {
 ${c.store_y("row", "sum")}
-        }
     }
 }

@@ -1,5 +1,7 @@
 """The CSR arrays shared by the CSR kernels (row_ptr, col_idx, values)."""
 
+import numpy as np
+
 from .base import SpMVFormat
 
 
@@ -19,12 +21,9 @@ class CSRFormatBase(SpMVFormat):
 
     @property
     def _n_rows(self):
-        import numpy as np
         return np.int64(self.shape[0])
 
     def _groups_for(self, rows_per_group):
-        """Enough work-groups to cover the rows once, capped so huge matrices loop
-        (the kernels stride over rows) instead of launching millions of groups."""
-        groups = -(-self.shape[0] // rows_per_group)
-        cap = max(1, self.profile.compute_units) * 256
-        return max(1, min(groups, cap))
+        """One work-group per block of rows, covering every row in one launch: each
+        group handles a contiguous block (streaming on CPUs, coalesced on GPUs)."""
+        return max(1, -(-self.shape[0] // rows_per_group))

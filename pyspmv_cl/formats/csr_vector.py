@@ -22,14 +22,16 @@ class CSRVector(CSRFormatBase):
     name = "csr-vector"
     template = "csr_vector.mako"
     kernel_name = "csr_vector"
-    param_names = ("vector_size", "work_group_size")
+    param_names = ("vector_size", "work_group_size", "reduction")
 
     @classmethod
     def default_params(cls, features, profile, dtype):
         vector_size = vector_size_for(features.mean_row_length, profile.lanes(dtype))
         wg = 128 if profile.is_gpu else 64
         wg = max(vector_size, min(wg, profile.max_work_group_size))
-        return {"vector_size": vector_size, "work_group_size": wg}
+        # Barriers are cheap on GPUs (tree) and costly on CPUs (one barrier, serial sum).
+        reduction = "serial" if profile.is_cpu else "tree"
+        return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction}
 
     def __init__(self, csr, device, dtype, params):
         vs = params.get("vector_size")
@@ -39,10 +41,13 @@ class CSRVector(CSRFormatBase):
         if isinstance(wg, int) and (wg < vs or wg % vs):
             raise ValueError(f"csr-vector: work_group_size must be a multiple of vector_size "
                              f"({vs}), not {wg!r}")
+        if params.get("reduction") not in ("tree", "serial"):
+            raise ValueError(f"csr-vector: reduction must be 'tree' or 'serial', not "
+                             f"{params.get('reduction')!r}")
         super().__init__(csr, device, dtype, params)
 
     def _template_params(self):
-        return {"vector_size": self.params["vector_size"]}
+        return {"vector_size": self.params["vector_size"], "reduction": self.params["reduction"]}
 
     def _local_bytes(self, work_group_size):
         return work_group_size * self.dtype.itemsize

@@ -1,0 +1,88 @@
+"""Run a benchmark suite and write its results as JSON and a markdown table.
+
+    python benchmarks/run_suite.py --suite cpu --device 0:0 --out benchmarks/results/cpu
+
+Suites list generator specs (see ``pyspmv-cl bench --list-generators``) and shared
+matrices (read from PYSPMV_CL_MATRIX_DIR, default ../shared/matrices beside the
+checkout; never copied into the repository).
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pyspmv_cl import bench, formats, get_device
+
+MATRIX_DIR = Path(os.environ.get(
+    "PYSPMV_CL_MATRIX_DIR", Path(__file__).resolve().parents[2] / "shared" / "matrices"))
+
+# The larger shared matrices (the small ones measure launch overhead, not SpMV).
+SHARED = ["wathenSmall", "szdMat", "bayer10", "cage10", "wing", "astro-ph", "fe_4elt2",
+          "Groebner_id2003_aug", "gemat12", "rajat01"]
+
+SUITES = {
+    # This 2-core machine: matrices of 1-20 MB, larger than its caches.
+    "cpu": {
+        "generated": ["poisson2d:1000", "poisson3d:100", "random:1000000,10",
+                      "powerlaw:500000,8", "banded:1000000,5", "denserows:500000,4"],
+        "shared": [(name, 1) for name in SHARED],
+    },
+    # GPUs: tens of millions of non-zeros, shared matrices replicated to fill the device.
+    "gpu": {
+        "generated": ["poisson2d:4000", "poisson3d:250", "random:5000000,10",
+                      "powerlaw:4000000,8", "rmat:22,16", "banded:10000000,5",
+                      "denserows:4000000,4"],
+        "shared": [(name, 64) for name in SHARED],
+    },
+    # A quick smoke run.
+    "quick": {"generated": ["poisson2d:300", "powerlaw:50000,8"], "shared": []},
+}
+
+
+def suite_specs(name):
+    suite = SUITES[name]
+    specs = list(suite["generated"])
+    for matrix, copies in suite["shared"]:
+        path = MATRIX_DIR / f"{matrix}.mtx.gz"
+        if path.exists():
+            specs.append(f"{path}*{copies}" if copies > 1 else str(path))
+        else:
+            print(f"skipping {matrix}: {path} not found", file=sys.stderr)
+    return specs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="cpu")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--formats", default="all")
+    parser.add_argument("--dtype", default="both")
+    parser.add_argument("--peers", default="all")
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--min-time", type=float, default=0.3)
+    parser.add_argument("--out", required=True, help="output path without extension")
+    args = parser.parse_args(argv)
+
+    device = get_device(args.device)
+    fmts = formats() if args.formats == "all" else args.formats.split(",")
+    dtypes = ["float32", "float64"] if args.dtype == "both" else args.dtype.split(",")
+    peers = None if args.peers == "all" else ([] if args.peers == "none"
+                                              else args.peers.split(","))
+    env, results = bench.run(suite_specs(args.suite), device, fmts,
+                             [np.dtype(d) for d in dtypes], peers, repeats=args.repeat,
+                             min_time=args.min_time, progress=bench.stderr_progress())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"environment": env, "results": results}, indent=1, default=str) + "\n")
+    table = bench.format_table(env, results)
+    out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""Benchmark runner behind ``pyspmv-cl bench``.
+
+Metrics (DESIGN.md): GFLOP/s = 2*nnz / t; effective GB/s = minimum bytes (CSR with
+32-bit indices + x read once + y written once) / t, also as a percentage of the
+device's copy bandwidth measured with our own copy kernel (the roofline).  Kernel
+times are medians of device-side profiling events after warm-up; ``call ms`` is the
+wall time of a whole host-to-host ``op @ x``.  Peers run in the same process on the
+same matrix and report wall time (or CUDA-event time on a GPU).
+"""
+
+import statistics
+import sys
+import time
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import scipy.sparse as sp
+
+from . import codegen
+from .cache import get_program
+from .matrix import SpMV
+from .peers import available_peers, time_peer
+
+DEFAULT_SPECS = ("poisson2d:1000",)
+
+
+def min_bytes(csr, dtype):
+    """Bytes SpMV must move at least: CSR (values + 32-bit col indices + row pointer),
+    x read once, y written once."""
+    item = np.dtype(dtype).itemsize
+    m, n = csr.shape
+    return csr.nnz * (item + 4) + (m + 1) * 4 + n * item + m * item
+
+
+def _event_seconds(event):
+    return (event.profile.end - event.profile.start) * 1e-9
+
+
+def _median_events(enqueue, queue, warmup, repeats, min_time):
+    for _ in range(warmup):
+        enqueue()
+    queue.finish()
+    samples = []
+    start = time.perf_counter()
+    while len(samples) < repeats or time.perf_counter() - start < min_time:
+        event = enqueue()
+        event.wait()
+        samples.append(_event_seconds(event))
+        if time.perf_counter() - start > 30 * max(min_time, 0.1):
+            break
+    return statistics.median(samples)
+
+
+def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
+    """GB/s of a device-side copy (read + write counted) with our own kernel."""
+    profile = device.profile
+    if nbytes is None:
+        nbytes = min(256 << 20, profile.max_alloc_size // 2, profile.global_mem_size // 8)
+    n_vec = max(1, nbytes // 16)
+    program = get_program(device.context, device.cl_device, codegen.helper("copy.cl"))
+    kernel = cl.Kernel(program, "copy_float4")
+    queue = device.queue
+    src = cl.Buffer(device.context, cl.mem_flags.READ_ONLY, n_vec * 16)
+    dst = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, n_vec * 16)
+    cl.enqueue_fill_buffer(queue, src, np.float32(1), 0, n_vec * 16)
+    kernel.set_args(src, dst, np.int64(n_vec))
+    wg = min(256, profile.max_work_group_size)
+    groups = -(-n_vec // wg)
+    seconds = _median_events(
+        lambda: cl.enqueue_nd_range_kernel(queue, kernel, (groups * wg,), (wg,)),
+        queue, 3, repeats, min_time)
+    return 2 * n_vec * 16 / seconds / 1e9
+
+
+def relative_error(y, y_ref, A64, x64):
+    """max |y - y_ref| / max(|A| @ |x|): rounding error relative to the magnitudes
+    summed (0 for exact results, ~1e-7 for float32 sums)."""
+    scale = float(np.max(abs(A64) @ np.abs(x64))) if A64.nnz else 0.0
+    diff = np.abs(np.asarray(y, dtype=np.float64) - y_ref)
+    if not diff.size:
+        return 0.0
+    return float(np.max(diff) / scale) if scale > 0 else float(np.max(diff))
+
+
+def _record(name, csr, dtype, impl, seconds, copy_gbps, rel_err, **extra):
+    flops = 2.0 * csr.nnz
+    gbps = min_bytes(csr, dtype) / seconds / 1e9
+    row = {"matrix": name, "rows": csr.shape[0], "cols": csr.shape[1], "nnz": int(csr.nnz),
+           "dtype": np.dtype(dtype).name, "impl": impl, "seconds": seconds,
+           "gflops": flops / seconds / 1e9, "gbps": gbps,
+           "pct_copy_bw": 100.0 * gbps / copy_gbps if copy_gbps else None,
+           "rel_err": rel_err}
+    row.update(extra)
+    return row
+
+
+def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_time=0.3,
+                 copy_gbps=None, progress=None):
+    """Results (list of dicts) for one matrix: each format and each peer, each dtype."""
+    csr = sp.csr_matrix(A)
+    A64 = csr.astype(np.float64)
+    rng = np.random.default_rng(12345)
+    x64 = rng.uniform(-1.0, 1.0, csr.shape[1])
+    y_ref = A64 @ x64
+    results = []
+    for dtype in dtypes:
+        dtype = np.dtype(dtype)
+        if dtype == np.float64 and not device.profile.fp64:
+            continue
+        for fmt in formats:
+            if progress:
+                progress(f"{name} {dtype.name} {fmt}")
+            try:
+                op = SpMV(csr, format=fmt, dtype=dtype, device=device)
+            except Exception as exc:  # a format refusing a matrix is a result, not a crash
+                results.append({"matrix": name, "dtype": dtype.name, "impl": fmt,
+                                "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+                continue
+            seconds, wall, y = _time_operator(op, x64.astype(dtype), repeats, min_time)
+            results.append(_record(
+                name, csr, dtype, fmt, seconds, copy_gbps, relative_error(y, y_ref, A64, x64),
+                kind="pyspmv_cl", format=op.format, params=op.params, nbytes=op.nbytes,
+                call_seconds=wall, conversion_seconds=op.conversion_time,
+                conversion_spmvs=op.conversion_time / seconds))
+        for peer in peers:
+            if progress:
+                progress(f"{name} {dtype.name} {peer.name}")
+            try:
+                seconds, y = time_peer(peer, csr, x64, dtype, repeats=repeats, min_time=min_time)
+            except Exception as exc:
+                results.append({"matrix": name, "dtype": dtype.name, "impl": peer.name,
+                                "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+                continue
+            results.append(_record(name, csr, dtype, peer.name, seconds, copy_gbps,
+                                   relative_error(y, y_ref, A64, x64), kind="peer"))
+    return results
+
+
+def _time_operator(op, x_host, repeats, min_time):
+    """(median kernel seconds from profiling events, median wall seconds of a whole
+    host-to-host ``op @ x``, the result)."""
+    x_dev = cla.to_device(op.queue, x_host)
+    y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
+
+    def enqueue():
+        op.matvec(x_dev, out=y_dev)
+        return y_dev.events[-1] if y_dev.events else cl.enqueue_marker(op.queue)
+
+    seconds = _median_events(enqueue, op.queue, 3, repeats, min_time)
+    wall = statistics.median(_wall_times(lambda: op @ x_host, max(5, repeats // 3)))
+    return seconds, wall, op @ x_host
+
+
+def _wall_times(fn, count):
+    fn()
+    out = []
+    for _ in range(count):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time=0.3,
+        progress=None):
+    """Benchmark every spec; returns (environment dict, results list)."""
+    from .generators import from_spec
+
+    peers = [p for p in available_peers(peer_names) if p.available]
+    skipped = {p.name: p.reason for p in available_peers(peer_names) if not p.available}
+    if device.profile.device_type != "gpu":
+        peers = [p for p in peers if p.name != "cusparse"]
+    copy_gbps = copy_bandwidth(device)
+    env = environment(device, copy_gbps, [p.name for p in peers], skipped)
+    results = []
+    for spec in specs:
+        if progress:
+            progress(f"building {spec}")
+        name, A = from_spec(spec)
+        if A.dtype.kind == "c":
+            results.append({"matrix": name, "impl": "-", "error": "complex matrix skipped"})
+            continue
+        results += bench_matrix(name, A, device, formats, dtypes, peers, repeats=repeats,
+                                min_time=min_time, copy_gbps=copy_gbps, progress=progress)
+    return env, results
+
+
+def environment(device, copy_gbps, peers, skipped):
+    import platform
+
+    import pyopencl
+
+    from . import __version__
+    p = device.profile
+    return {
+        "pyspmv_cl": __version__, "python": platform.python_version(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu_count": __import__("os").cpu_count(),
+        "device": p.name, "platform": f"{p.platform_name} {p.platform_version}",
+        "driver": p.driver_version, "device_type": p.device_type,
+        "compute_units": p.compute_units, "pyopencl": pyopencl.VERSION_TEXT,
+        "numpy": np.__version__, "scipy": sp.__name__ and __import__("scipy").__version__,
+        "copy_gbps": copy_gbps, "peers": peers, "peers_unavailable": skipped,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def format_table(env, results):
+    """A readable markdown table of the results."""
+    lines = [
+        f"device: {env['device']} ({env['platform']}), {env['compute_units']} compute units; "
+        f"copy bandwidth {env['copy_gbps']:.1f} GB/s",
+        "",
+        "| matrix | rows | nnz | dtype | impl | GFLOP/s | GB/s | % copy BW | kernel ms "
+        "| call ms | conv (SpMVs) | rel err | params |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['matrix']} | | | {r.get('dtype', '')} | {r['impl']} | "
+                         f"refused: {r['error']} | | | | | | | |")
+            continue
+        params = r.get("params") or {}
+        ptext = " ".join(f"{k}={v}" for k, v in params.items() if k != "index_bits")
+        call = f"{r['call_seconds'] * 1e3:.3f}" if "call_seconds" in r else ""
+        conv = f"{r['conversion_spmvs']:.0f}" if "conversion_spmvs" in r else ""
+        pct = f"{r['pct_copy_bw']:.0f}" if r.get("pct_copy_bw") is not None else ""
+        lines.append(
+            f"| {r['matrix']} | {r['rows']} | {r['nnz']} | {r['dtype']} | {r['impl']} | "
+            f"{r['gflops']:.2f} | {r['gbps']:.1f} | {pct} | {r['seconds'] * 1e3:.3f} | "
+            f"{call} | {conv} | {r['rel_err']:.1e} | {ptext} |")
+    if env.get("peers_unavailable"):
+        lines.append("")
+        for name, why in env["peers_unavailable"].items():
+            lines.append(f"peer {name} unavailable: {why}")
+    return "\n".join(lines)
+
+
+def stderr_progress(total=None):
+    counter = {"n": 0}
+
+    def report(message):
+        counter["n"] += 1
+        print(f"[{counter['n']}] {message}", file=sys.stderr, flush=True)
+    return report

@@ -1,0 +1,135 @@
+"""The ``pyspmv-cl`` command: ``devices`` and ``bench``."""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def _cmd_devices(args):
+    from .device import devices
+
+    found = devices()
+    if not found:
+        print("no OpenCL device found (install one, e.g. pip install 'pyspmv-cl[pocl]')")
+        return 1
+    rows = [("id", "type", "family", "device", "platform", "CUs", "SIMD", "lanes f32/f64",
+             "max WG", "local KiB", "global MiB", "max alloc MiB", "fp64", "OpenCL C")]
+    for d in found:
+        p = d.profile
+        rows.append((d.id, p.device_type, p.vendor_family, p.name,
+                     f"{p.platform_name} ({p.driver_version})", str(p.compute_units),
+                     str(p.simd_width), f"{p.vector_lanes_float32}/{p.vector_lanes_float64}",
+                     str(p.max_work_group_size), str(p.local_mem_size // 1024),
+                     str(p.global_mem_size >> 20), str(p.max_alloc_size >> 20),
+                     "yes" if p.fp64 else "no", "{}.{}".format(*p.opencl_c_version)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    from .device import get_device
+    try:
+        print(f"\ndefault device: {get_device().id}")
+    except Exception as exc:
+        print(f"\ndefault device: none ({exc})")
+    return 0
+
+
+def _split(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _cmd_bench(args):
+    from . import bench
+    from .device import get_device
+    from .formats import FORMATS
+    from .generators import GENERATOR_HELP
+
+    if args.list_generators:
+        print(GENERATOR_HELP)
+        return 0
+    device = get_device(args.device)
+    formats = list(FORMATS) if args.formats == "all" else _split(args.formats)
+    unknown = [f for f in formats if f not in FORMATS and f != "auto"]
+    if unknown:
+        print(f"unknown format(s) {unknown}; available: {', '.join(FORMATS)}, auto, all",
+              file=sys.stderr)
+        return 2
+    dtypes = ["float32", "float64"] if args.dtype == "both" else _split(args.dtype)
+    for dt in dtypes:
+        if dt not in ("float32", "float64"):
+            print(f"unknown dtype {dt!r}: use float32, float64 or both", file=sys.stderr)
+            return 2
+    peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
+    specs = args.matrices or list(bench.DEFAULT_SPECS)
+    progress = None if args.quiet else bench.stderr_progress()
+    try:
+        env, results = bench.run(specs, device, formats, [np.dtype(d) for d in dtypes], peers,
+                                 repeats=args.repeat, min_time=args.min_time, progress=progress)
+    except ValueError as exc:  # bad matrix spec or peer name: a message, not a traceback
+        print(f"pyspmv-cl bench: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        payload = json.dumps({"environment": env, "results": results}, indent=1, default=str)
+        if args.json == "-":
+            print(payload)
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(payload + "\n")
+    if args.json != "-":
+        print(bench.format_table(env, results))
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="pyspmv-cl", description="Sparse matrix-vector multiplication on OpenCL devices.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("devices", help="list OpenCL devices and their profiles")
+    p.set_defaults(func=_cmd_devices)
+
+    p = sub.add_parser(
+        "bench", help="time SpMV formats against scipy and other peers",
+        description="Benchmark SpMV on generated matrices or Matrix Market files. "
+                    "See --list-generators for the matrix specs.")
+    p.add_argument("matrices", nargs="*",
+                   help=f"matrix specs or .mtx(.gz) files (default: {' '.join(DEFAULT_SPECS)})")
+    p.add_argument("--formats", default="all",
+                   help="comma-separated format names, 'auto', or 'all' (default)")
+    p.add_argument("--dtype", default="both", help="float32, float64 or both (default)")
+    p.add_argument("--device", default=None,
+                   help="device selection (e.g. 0:1, cpu, gpu, pocl); default as the library")
+    p.add_argument("--peers", default="all",
+                   help="comma-separated peers (scipy, torch, mkl, cusparse), 'all' or 'none'")
+    p.add_argument("--repeat", type=int, default=30, help="timed runs per case (median)")
+    p.add_argument("--min-time", type=float, default=0.3,
+                   help="minimum seconds of timed runs per case")
+    p.add_argument("--json", metavar="FILE", help="also write results as JSON ('-': stdout only)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--list-generators", action="store_true", help="show matrix specs and exit")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+DEFAULT_SPECS = ("poisson2d:1000",)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from .errors import PySpMVError
+        if isinstance(exc, PySpMVError):
+            print(f"pyspmv-cl: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

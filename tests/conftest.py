@@ -1,0 +1,95 @@
+"""Shared fixtures: every OpenCL device found, the scipy float64 reference, poisoned
+outputs and dtype tolerances."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import pyspmv_cl as psc
+
+# Tests use a private kernel cache so they neither depend on nor pollute the user's.
+if "PYSPMV_CL_CACHE_DIR" not in os.environ:
+    import tempfile
+    os.environ["PYSPMV_CL_CACHE_DIR"] = tempfile.mkdtemp(prefix="pyspmv-cl-test-cache-")
+
+# PYSPMV_CL_TEST_DEVICES restricts the devices tested (a comma-separated list of
+# selections as PYSPMV_CL_DEVICE takes them, e.g. "nvidia" or "0:0,1:0").
+DEVICES = psc.devices()
+if os.environ.get("PYSPMV_CL_TEST_DEVICES"):
+    DEVICES = [d for d in DEVICES if any(
+        d is psc.get_device(sel) for sel in os.environ["PYSPMV_CL_TEST_DEVICES"].split(","))]
+DEVICE_IDS = [f"{d.id}-{d.cl_device.name.strip().replace(' ', '_')}" for d in DEVICES]
+
+# The shared matrices live beside the checkout: <repo>/../shared/matrices.
+MATRIX_DIR = Path(os.environ.get(
+    "PYSPMV_CL_MATRIX_DIR", Path(__file__).resolve().parents[2] / "shared" / "matrices"))
+
+DTYPES = [np.float32, np.float64]
+POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.float64): np.nan}
+
+
+@pytest.fixture(params=DEVICES or [None], ids=DEVICE_IDS or ["no-device"])
+def device(request):
+    """Each OpenCL device present (the test is skipped when there is none)."""
+    if request.param is None:
+        pytest.skip("no OpenCL device")
+    return request.param
+
+
+def skip_without_fp64(device, dtype):
+    if np.dtype(dtype) == np.float64 and not device.profile.fp64:
+        pytest.skip(f"{device.profile.name} has no fp64")
+
+
+def reference(A, x, alpha=1.0, beta=0.0, y0=None):
+    """alpha*A@x + beta*y0 in float64 with scipy (the oracle of every test)."""
+    A64 = sp.csr_matrix(A, dtype=np.float64)
+    y = alpha * (A64 @ np.asarray(x, dtype=np.float64))
+    if beta != 0:
+        y = y + beta * np.asarray(y0, dtype=np.float64)
+    return y
+
+
+def tolerance(dtype, A):
+    """Relative tolerance scaled by the longest row: float32 accumulates one rounding
+    per term (~1e-5 for typical rows); float64 ~1e-12."""
+    A = sp.csr_matrix(A)
+    longest = int(np.diff(A.indptr).max()) if A.shape[0] and A.nnz else 1
+    eps = np.finfo(dtype).eps
+    return max(1e-12 if np.dtype(dtype) == np.float64 else 1e-5, 4 * eps * np.sqrt(longest))
+
+
+def assert_close(y, y_ref, A, x, dtype):
+    """Compare against the float64 reference with an error bound proportional to the
+    magnitudes summed in each row (|A| @ |x|), so cancellation does not fail honest
+    results and unwritten (NaN-poisoned) entries always fail."""
+    y = np.asarray(y, dtype=np.float64)
+    assert y.shape == y_ref.shape
+    scale = abs(sp.csr_matrix(A, dtype=np.float64)) @ np.abs(np.asarray(x, dtype=np.float64))
+    scale = np.maximum(scale, np.abs(y_ref))
+    tol = tolerance(dtype, A)
+    finite = np.isfinite(y_ref)
+    assert np.array_equal(np.isnan(y), np.isnan(y_ref)), "NaN pattern differs from scipy"
+    assert np.array_equal(y[~finite & ~np.isnan(y_ref)], y_ref[~finite & ~np.isnan(y_ref)]), \
+        "Inf entries differ from scipy"
+    err = np.abs(y[finite] - y_ref[finite])
+    bound = tol * scale[finite] + np.finfo(dtype).tiny
+    bad = err > bound
+    assert not bad.any(), (f"{bad.sum()} entries off; worst error {err.max():.3e} "
+                           f"(bound {bound[np.argmax(err - bound)]:.3e})")
+
+
+def poisoned(shape, dtype):
+    """An output array full of NaN: any entry the kernel fails to write fails the test."""
+    return np.full(shape, POISON[np.dtype(dtype)], dtype=dtype)
+
+
+@pytest.fixture
+def rng():
+    """Fresh random data every run (the seed is printed on failure by pytest's repr)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"rng seed {seed}")
+    return np.random.default_rng(seed)
