@@ -62,7 +62,7 @@ class SpMV:
         start = time.perf_counter()
         self._impl = fmt_cls(csr, self.device, self.dtype, resolved)
         self.conversion_time = time.perf_counter() - start
-        self._impl.kernel(use_beta=False)  # compile now: build errors surface here
+        self._impl.kernel()  # compile now: build errors surface here
         self.build_time = time.perf_counter() - start - self.conversion_time
         self.format = format
         self.nbytes = self._impl.nbytes

@@ -8,10 +8,8 @@ typedef ${index_t} index_t;
 </%def>
 ## Store alpha*sum (+ beta*y) into y[row]. With beta == 0, y is never read, so
 ## whatever it held (even NaN) does not leak into the result (BLAS convention).
+## beta is a kernel argument: the branch is uniform across the launch, and one
+## compiled kernel serves both cases (half the builds of a specialisation).
 <%def name="store_y(row, value)">
-% if use_beta:
-        y[${row}] = alpha * (${value}) + beta * y[${row}];
-% else:
-        y[${row}] = alpha * (${value});
-% endif
+        y[${row}] = (beta != 0) ? alpha * (${value}) + beta * y[${row}] : alpha * (${value});
 </%def>

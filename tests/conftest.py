@@ -46,7 +46,7 @@ def skip_without_fp64(device, dtype):
 
 def reference(A, x, alpha=1.0, beta=0.0, y0=None):
     """alpha*A@x + beta*y0 in float64 with scipy (the oracle of every test)."""
-    A64 = sp.csr_matrix(A, dtype=np.float64)
+    A64 = sp.csr_matrix(A, dtype=np.float64, copy=True)
     y = alpha * (A64 @ np.asarray(x, dtype=np.float64))
     if beta != 0:
         y = y + beta * np.asarray(y0, dtype=np.float64)
@@ -56,7 +56,7 @@ def reference(A, x, alpha=1.0, beta=0.0, y0=None):
 def tolerance(dtype, A):
     """Relative tolerance scaled by the longest row: float32 accumulates one rounding
     per term (~1e-5 for typical rows); float64 ~1e-12."""
-    A = sp.csr_matrix(A)
+    A = sp.csr_matrix(A, copy=True)
     longest = int(np.diff(A.indptr).max()) if A.shape[0] and A.nnz else 1
     eps = np.finfo(dtype).eps
     return max(1e-12 if np.dtype(dtype) == np.float64 else 1e-5, 4 * eps * np.sqrt(longest))
@@ -68,7 +68,8 @@ def assert_close(y, y_ref, A, x, dtype):
     results and unwritten (NaN-poisoned) entries always fail."""
     y = np.asarray(y, dtype=np.float64)
     assert y.shape == y_ref.shape
-    scale = abs(sp.csr_matrix(A, dtype=np.float64)) @ np.abs(np.asarray(x, dtype=np.float64))
+    A64 = sp.csr_matrix(A, dtype=np.float64, copy=True)  # abs() would sum duplicates in place
+    scale = abs(A64) @ np.abs(np.asarray(x, dtype=np.float64))
     scale = np.maximum(scale, np.abs(y_ref))
     tol = tolerance(dtype, A)
     finite = np.isfinite(y_ref)
@@ -80,6 +81,21 @@ def assert_close(y, y_ref, A, x, dtype):
     bad = err > bound
     assert not bad.any(), (f"{bad.sum()} entries off; worst error {err.max():.3e} "
                            f"(bound {bound[np.argmax(err - bound)]:.3e})")
+
+
+def make_operator(A, fmt, **kwargs):
+    """``psc.SpMV(A, format=fmt, ...)``, or None when a format that may refuse matrices
+    (DIA, ELL: too much padding) refuses this one with FormatNotSuitableError, which
+    is correct behaviour; any other format refusing is a failure."""
+    from pyspmv_cl.formats import get_format
+
+    try:
+        return psc.SpMV(A, format=fmt, **kwargs)
+    except psc.FormatNotSuitableError as exc:
+        if not getattr(get_format(fmt), "may_refuse", False):
+            raise
+        assert fmt in str(exc) and len(str(exc)) > 30, f"unhelpful refusal: {exc}"
+        return None
 
 
 def poisoned(shape, dtype):

@@ -3,7 +3,17 @@
 from .csr_scalar import CSRScalar
 from .csr_vector import CSRVector
 
-FORMATS = {cls.name: cls for cls in (CSRScalar, CSRVector)}
+# Canonical order (DESIGN.md); formats() lists the registered ones in this order.
+CANONICAL_ORDER = ("csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb",
+                   "cmrs", "csr5", "bccoo")
+
+_CLASSES = [
+    CSRScalar,
+    CSRVector,
+]
+
+FORMATS = {cls.name: cls for cls in sorted(_CLASSES,
+                                           key=lambda c: CANONICAL_ORDER.index(c.name))}
 
 
 def get_format(name):

@@ -68,8 +68,13 @@ def pow2_floor(n):
 class SpMVFormat:
     """Base of the per-format device implementations.
 
-    Subclasses set ``name``, ``template``, ``kernel_name`` and ``param_names``, and
-    implement ``default_params``, ``_convert`` and ``_launch_geometry``.
+    A single-kernel format sets ``name``, ``template``, ``kernel_name`` and
+    ``param_names`` and implements ``default_params``, ``_convert`` (host arrays, which
+    the base checks against the device limits and uploads into ``self.buffers``),
+    ``_kernel_args`` and ``_launch_geometry``.  A format with several kernels or
+    passes overrides ``kernel`` (called once at construction to build eagerly) and
+    ``enqueue``, using ``build_kernels``.  ``alpha`` and ``beta`` are kernel arguments
+    (see ``store_y`` in templates/common.mako), not specialisations.
     """
 
     name = None
@@ -138,10 +143,32 @@ class SpMVFormat:
         raise NotImplementedError
 
     # -- kernels ------------------------------------------------------------------
-    def _render(self, use_beta, work_group_size):
-        return codegen.render(self.template, dtype=self.dtype, index_dtype=self.index_dtype,
-                              profile=self.profile, use_beta=use_beta,
-                              work_group_size=work_group_size, **self._template_params())
+    def build_kernels(self, template, kernel_names, work_group_size, *,
+                      min_work_group_size=1, **template_params):
+        """Render ``template`` with this operator's dtype, index type and device plus
+        ``template_params``, build it, and return ``({name: Kernel}, work_group_size)``.
+
+        The work-group size is rendered into the source; if a compiled kernel accepts
+        fewer work-items (CL_KERNEL_WORK_GROUP_SIZE: registers, local memory), it is
+        shrunk to a power of two that fits and the source is rebuilt."""
+        ctx, dev = self.device.context, self.device.cl_device
+        wg = int(work_group_size)
+        while True:
+            source = codegen.render(template, dtype=self.dtype, index_dtype=self.index_dtype,
+                                    profile=self.profile, work_group_size=wg,
+                                    **template_params)
+            program = get_program(ctx, dev, source)
+            kernels = {name: cl.Kernel(program, name) for name in kernel_names}
+            limit = min(k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
+                        for k in kernels.values())
+            if wg <= limit:
+                return kernels, wg
+            smaller = pow2_floor(limit)
+            if smaller < min_work_group_size:
+                raise RuntimeError(
+                    f"{self.name}: the compiled kernel allows work-groups of at most {limit} "
+                    f"work-items, fewer than the {min_work_group_size} it needs")
+            wg = smaller
 
     def _template_params(self):
         return {}
@@ -149,33 +176,20 @@ class SpMVFormat:
     def _min_work_group_size(self):
         return 1
 
-    def kernel(self, use_beta):
-        """The kernel for the beta == 0 or beta != 0 variant, built on first use with
-        a work-group size the compiled kernel accepts (shrunk and rebuilt if not)."""
-        if use_beta in self._kernels:
-            return self._kernels[use_beta]
-        ctx, dev = self.device.context, self.device.cl_device
-        wg = int(self.params["work_group_size"])
-        while True:
-            program = get_program(ctx, dev, self._render(use_beta, wg))
-            kernel = cl.Kernel(program, self.kernel_name)
-            limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
-            if wg <= limit:
-                break
-            smaller = pow2_floor(limit)
-            if smaller < self._min_work_group_size():
-                raise RuntimeError(
-                    f"{self.name}: the compiled kernel allows work-groups of at most {limit} "
-                    f"work-items, fewer than the {self._min_work_group_size()} it needs")
-            wg = smaller
-        self.params["work_group_size"] = wg
-        self._kernels[use_beta] = kernel
-        return kernel
+    def kernel(self):
+        """The kernel of a single-kernel format, built on first use (SpMV calls this
+        at construction so build errors surface there)."""
+        if self.kernel_name not in self._kernels:
+            kernels, wg = self.build_kernels(
+                self.template, [self.kernel_name], self.params["work_group_size"],
+                min_work_group_size=self._min_work_group_size(), **self._template_params())
+            self.params["work_group_size"] = wg
+            self._kernels.update(kernels)
+        return self._kernels[self.kernel_name]
 
     def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
         """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event."""
-        use_beta = beta != 0
-        kernel = self.kernel(use_beta)
+        kernel = self.kernel()
         args = self._kernel_args(x_buf, y_buf, self.dtype.type(alpha), self.dtype.type(beta))
         kernel.set_args(*args)
         global_size, local_size = self._launch_geometry()

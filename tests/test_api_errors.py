@@ -1,0 +1,446 @@
+"""Bad input gets a clear error (the right exception type and a message that says what
+is wrong), never a crash, a hang or a silently wrong result."""
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+from conftest import assert_close, poisoned, reference, skip_without_fp64
+
+import pyspmv_cl as psc
+import pyspmv_cl.cache
+from pyspmv_cl.formats.base import choose_index_dtype, format_bytes
+
+
+def small_matrix(rng, shape=(40, 30), density=0.2, dtype=np.float64):
+    return sp.random(*shape, density=density, format="csr", random_state=rng, dtype=dtype)
+
+
+@pytest.fixture
+def op32(device, rng):
+    """A float32 operator (every device supports float32) and its matrix."""
+    A = small_matrix(rng, dtype=np.float32)
+    return psc.SpMV(A, format="csr-scalar", device=device), A
+
+
+@pytest.fixture
+def cpu_device():
+    """One device for the host-side checks that do not depend on the device."""
+    devices = psc.devices()
+    if not devices:
+        pytest.skip("no OpenCL device")
+    return devices[0]
+
+
+# ------------------------------------------------------------------ vector shapes and dtypes
+
+
+@pytest.mark.parametrize("shape", [(29,), (31,), (30, 2, 1), (), (40,), (1, 30)])
+def test_wrong_x_shape(op32, shape):
+    op, _ = op32
+    with pytest.raises(ValueError, match=r"x has shape .*needs \(30,\)"):
+        op @ np.ones(shape, dtype=np.float32)
+
+
+@pytest.mark.parametrize("shape", [(39,), (41,), (40, 1), (30,)])
+def test_wrong_out_shape(op32, shape):
+    op, _ = op32
+    with pytest.raises(ValueError, match=r"out has shape .*expected \(40,\)"):
+        op.matvec(np.ones(30, dtype=np.float32), out=np.empty(shape, dtype=np.float32))
+
+
+@pytest.mark.parametrize("x", [np.array(["a"] * 30), np.array([object()] * 30, dtype=object),
+                               np.array([b"ab"] * 30)], ids=["str", "object", "bytes"])
+def test_non_numeric_x(op32, x):
+    op, _ = op32
+    with pytest.raises(psc.UnsupportedDtypeError, match="non-numeric"):
+        op @ x
+    assert issubclass(psc.UnsupportedDtypeError, TypeError)
+
+
+def test_complex_matrix(cpu_device, rng):
+    A = small_matrix(rng).astype(np.complex128)
+    with pytest.raises(psc.UnsupportedDtypeError, match="complex.*float32.*float64"):
+        psc.SpMV(A, device=cpu_device)
+
+
+def test_complex_x(op32):
+    op, _ = op32
+    with pytest.raises(psc.UnsupportedDtypeError, match="complex"):
+        op @ (np.ones(30) + 1j)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float16, np.complex64, "int64", "bogus-type"])
+def test_unsupported_dtype_argument(cpu_device, rng, dtype):
+    A = small_matrix(rng)
+    with pytest.raises(psc.UnsupportedDtypeError, match="float32 and float64"):
+        psc.SpMV(A, dtype=dtype, device=cpu_device)
+
+
+def test_float64_refused_without_fp64_before_compiling(device, rng):
+    A = small_matrix(rng)
+    no_fp64 = device.override(fp64=False)
+    builds = pyspmv_cl.cache.stats["builds"]
+    with pytest.raises(psc.DeviceCapabilityError, match=r"fp64|double"):
+        psc.SpMV(A, dtype=np.float64, device=no_fp64)
+    with pytest.raises(psc.DeviceCapabilityError, match=r"fp64|double"):
+        psc.SpMV(A, device=no_fp64)  # a float64 matrix keeps its dtype by default
+    assert pyspmv_cl.cache.stats["builds"] == builds, "something was compiled before refusing"
+
+
+def test_integer_matrix_without_fp64_computes_in_float32(device, rng):
+    A = sp.random(30, 20, density=0.3, format="csr", random_state=rng,
+                  data_rvs=lambda n: rng.integers(-5, 5, n)).astype(np.int32)
+    op = psc.SpMV(A, device=device.override(fp64=False))
+    assert op.dtype == np.float32
+    x = rng.standard_normal(20)
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+
+
+# ------------------------------------------------------------------- layouts that must work
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_contiguous_x(device, rng, dtype):
+    skip_without_fp64(device, dtype)
+    A = small_matrix(rng, dtype=dtype)
+    big = rng.standard_normal(60).astype(dtype)
+    x = big[::2]
+    assert not x.flags.c_contiguous
+    op = psc.SpMV(A, device=device)
+    assert_close(op @ x, reference(A, x), A, x, dtype)
+    x2 = rng.standard_normal((30, 3))[:, 1]  # a column of a C-ordered 2-D array
+    assert_close(op @ x2, reference(A, x2), A, x2, dtype)
+
+
+def test_read_only_x(device, rng):
+    A = small_matrix(rng, dtype=np.float32)
+    x = rng.standard_normal(30).astype(np.float32)
+    x.setflags(write=False)
+    op = psc.SpMV(A, device=device)
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+    out = poisoned(40, np.float32)
+    op.matvec(x, out=out)
+    assert_close(out, reference(A, x), A, x, np.float32)
+
+
+def test_read_only_out(op32, rng):
+    op, _ = op32
+    out = np.zeros(40, dtype=np.float32)
+    out.setflags(write=False)
+    with pytest.raises(ValueError, match="writeable"):
+        op.matvec(np.ones(30, dtype=np.float32), out=out)
+
+
+def test_non_contiguous_out(op32, rng):
+    op, A = op32
+    x = rng.standard_normal(30).astype(np.float32)
+    big = np.full(80, 7.0, dtype=np.float32)
+    out = big[1::2]
+    assert not out.flags.c_contiguous
+    result = op.matvec(x, out=out)
+    assert result is out
+    assert_close(big[1::2], reference(A, x), A, x, np.float32)
+    assert np.all(big[0::2] == 7.0), "entries between the strided view were overwritten"
+    # beta != 0 reads the strided out as well.
+    y0 = big[1::2].copy()
+    op.matvec(x, out=out, alpha=2.0, beta=-0.5)
+    assert_close(big[1::2], reference(A, x, 2.0, -0.5, y0), A, x, np.float32)
+    assert np.all(big[0::2] == 7.0)
+
+
+@pytest.mark.parametrize("xdtype", [np.int32, np.int64, np.uint8, np.bool_])
+def test_integer_x_is_converted(op32, rng, xdtype):
+    op, A = op32
+    x = rng.integers(0, 2 if xdtype is np.bool_ else 100, 30).astype(xdtype)
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+
+
+# ---------------------------------------------------------------------- device arrays
+
+
+def test_device_array_on_another_context(op32, device):
+    op, _ = op32
+    other_ctx = cl.Context([device.cl_device])
+    other_queue = cl.CommandQueue(other_ctx)
+    x = cla.to_device(other_queue, np.ones(30, dtype=np.float32))
+    with pytest.raises(ValueError, match="context"):
+        op.matvec(x)
+    good_x = cla.to_device(op.queue, np.ones(30, dtype=np.float32))
+    out = cla.empty(other_queue, 40, np.float32)
+    with pytest.raises(ValueError, match="context"):
+        op.matvec(good_x, out=out)
+
+
+def test_device_array_wrong_dtype(op32):
+    op, _ = op32
+    x = cla.to_device(op.queue, np.ones(30, dtype=np.float64))
+    with pytest.raises(psc.UnsupportedDtypeError, match="float64.*float32"):
+        op.matvec(x)
+    x32 = cla.to_device(op.queue, np.ones(30, dtype=np.float32))
+    out = cla.empty(op.queue, 40, np.int32)
+    with pytest.raises(psc.UnsupportedDtypeError, match="int32"):
+        op.matvec(x32, out=out)
+
+
+def test_device_array_wrong_shape(op32):
+    op, _ = op32
+    x = cla.to_device(op.queue, np.ones(31, dtype=np.float32))
+    with pytest.raises(ValueError, match="x has shape"):
+        op.matvec(x)
+
+
+# ---------------------------------------------------------------------------- alpha/beta
+
+
+def test_beta_without_out(op32):
+    op, _ = op32
+    with pytest.raises(ValueError, match="beta"):
+        op.matvec(np.ones(30, dtype=np.float32), beta=0.5)
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+@pytest.mark.parametrize("value", [1 + 2j, np.complex64(0.5j), np.complex128(3 - 1j)])
+def test_complex_alpha_beta(op32, name, value):
+    op, _ = op32
+    kwargs = {name: value, "out": np.zeros(40, dtype=np.float32)}
+    with pytest.raises(psc.UnsupportedDtypeError, match=f"{name} must be real"):
+        op.matvec(np.ones(30, dtype=np.float32), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+def test_non_numeric_alpha_beta(op32, name):
+    op, _ = op32
+    kwargs = {name: "two", "out": np.zeros(40, dtype=np.float32)}
+    with pytest.raises(TypeError, match=f"{name} must be a real number"):
+        op.matvec(np.ones(30, dtype=np.float32), **kwargs)
+
+
+# --------------------------------------------------------------------- device limits
+
+
+def test_matrix_over_max_allocation(device, rng):
+    A = sp.random(200, 200, density=0.1, format="csr", random_state=rng, dtype=np.float32)
+    small = device.override(max_alloc_size=4096)
+    with pytest.raises(psc.DeviceMemoryError, match="maximum single allocation") as info:
+        psc.SpMV(A, format="csr-scalar", device=small)
+    message = str(info.value)
+    # The message names the size of the offending array and the limit.
+    sizes = [A.nnz * 4]  # col_idx (int32) and values (float32) are both nnz * 4 bytes
+    assert any(format_bytes(n) in message or str(n) in message for n in sizes), message
+    assert "4.0 KiB" in message or "4096" in message, message
+    assert isinstance(info.value, MemoryError)
+
+
+def test_work_group_size_over_device_maximum(device, rng):
+    A = small_matrix(rng, dtype=np.float32)
+    limit = device.profile.max_work_group_size
+    with pytest.raises(ValueError, match=rf"work_group_size.*{limit}"):
+        psc.SpMV(A, format="csr-scalar", device=device, work_group_size=2 * limit)
+    pretend = device.override(max_work_group_size=32)
+    with pytest.raises(ValueError, match=r"work_group_size=64 exceeds .*32"):
+        psc.SpMV(A, format="csr-scalar", device=pretend, work_group_size=64)
+
+
+@pytest.mark.parametrize("wg", [0, -4, 2.5, "64", True])
+def test_work_group_size_not_a_positive_integer(cpu_device, rng, wg):
+    A = small_matrix(rng, dtype=np.float32)
+    with pytest.raises(ValueError, match="work_group_size"):
+        psc.SpMV(A, format="csr-scalar", device=cpu_device, work_group_size=wg)
+
+
+@pytest.mark.parametrize("vector_size", [3, 6, 12, 0, 1, 128])
+def test_csr_vector_size_not_power_of_two(cpu_device, rng, vector_size):
+    A = small_matrix(rng, dtype=np.float32)
+    with pytest.raises(ValueError, match="vector_size"):
+        psc.SpMV(A, format="csr-vector", device=cpu_device, vector_size=vector_size)
+
+
+# ------------------------------------------------------------------ formats and params
+
+
+def test_unknown_format(cpu_device, rng):
+    A = small_matrix(rng)
+    with pytest.raises(ValueError, match=r"unknown format 'csr-bogus'") as info:
+        psc.SpMV(A, format="csr-bogus", device=cpu_device)
+    for name in psc.formats():
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector"])
+def test_unknown_format_parameter(cpu_device, rng, fmt):
+    A = small_matrix(rng)
+    with pytest.raises(TypeError, match=r"bogus_param.*accepts.*work_group_size"):
+        psc.SpMV(A, format=fmt, device=cpu_device, bogus_param=3)
+
+
+# ---------------------------------------------------------------------------- CSR input
+
+
+def _triple(A):
+    return A.data.copy(), A.indices.copy(), A.indptr.copy()
+
+
+def test_valid_triple_works(device, rng):
+    A = small_matrix(rng, dtype=np.float32)
+    op = psc.SpMV(_triple(A), shape=A.shape, device=device)
+    x = rng.standard_normal(30)
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+
+
+def test_triple_indptr_wrong_length(cpu_device, rng):
+    data, indices, indptr = _triple(small_matrix(rng))
+    with pytest.raises(ValueError, match="indptr has 40 entries.*41"):
+        psc.SpMV((data, indices, indptr[:-1]), shape=(40, 30), device=cpu_device)
+    with pytest.raises(ValueError, match="indptr"):
+        psc.SpMV((data, indices, np.append(indptr, indptr[-1])), shape=(40, 30),
+                 device=cpu_device)
+
+
+def test_triple_decreasing_indptr(cpu_device):
+    data = np.ones(4)
+    indices = np.array([0, 1, 2, 0])
+    indptr = np.array([0, 3, 1, 4])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        psc.SpMV((data, indices, indptr), shape=(3, 3), device=cpu_device)
+
+
+def test_triple_indptr_bad_ends(cpu_device):
+    data, indices = np.ones(3), np.array([0, 1, 2])
+    with pytest.raises(ValueError, match="indptr must start at 0"):
+        psc.SpMV((data, indices, np.array([1, 2, 3])), shape=(2, 3), device=cpu_device)
+    with pytest.raises(ValueError, match="nnz=3"):
+        psc.SpMV((data, indices, np.array([0, 1, 2])), shape=(2, 3), device=cpu_device)
+
+
+@pytest.mark.parametrize("bad", [3, 100, -1])
+def test_triple_column_index_out_of_range(cpu_device, bad):
+    data = np.ones(3)
+    indices = np.array([0, bad, 1])
+    indptr = np.array([0, 2, 3])
+    with pytest.raises(ValueError, match=r"column indices must lie in \[0, 3\)"):
+        psc.SpMV((data, indices, indptr), shape=(2, 3), device=cpu_device)
+
+
+def test_scipy_matrix_with_corrupt_indices(cpu_device):
+    A = sp.csr_matrix(np.eye(3))
+    A.indices[1] = 7  # scipy does not re-check; we must, before any kernel reads x[7]
+    with pytest.raises(ValueError, match="column indices"):
+        psc.SpMV(A, device=cpu_device)
+
+
+def test_triple_data_indices_length_mismatch(cpu_device):
+    with pytest.raises(ValueError, match=r"data \(2\) and indices \(3\)"):
+        psc.SpMV((np.ones(2), np.array([0, 1, 2]), np.array([0, 2, 3])), shape=(2, 3),
+                 device=cpu_device)
+
+
+def test_triple_missing_shape(cpu_device):
+    with pytest.raises(TypeError, match="shape"):
+        psc.SpMV((np.ones(3), np.array([0, 1, 2]), np.array([0, 2, 3])), device=cpu_device)
+
+
+def test_triple_wrong_arity_and_kinds(cpu_device):
+    with pytest.raises(TypeError, match=r"\(data, indices, indptr\)"):
+        psc.SpMV((np.ones(3), np.array([0, 1, 2])), shape=(2, 3), device=cpu_device)
+    with pytest.raises(TypeError, match="indices must hold integers"):
+        psc.SpMV((np.ones(3), np.array([0.0, 1.0, 2.0]), np.array([0, 2, 3])), shape=(2, 3),
+                 device=cpu_device)
+    with pytest.raises(ValueError, match="shape must be a pair of integers"):
+        psc.SpMV((np.ones(3), np.array([0, 1, 2]), np.array([0, 2, 3])), shape=(2,),
+                 device=cpu_device)
+    with pytest.raises(ValueError, match="negative"):
+        psc.SpMV((np.ones(0), np.array([], int), np.array([0])), shape=(0, -1),
+                 device=cpu_device)
+
+
+def test_shape_contradicts_sparse_matrix(cpu_device):
+    with pytest.raises(ValueError, match="contradicts"):
+        psc.SpMV(sp.csr_matrix(np.eye(3)), shape=(3, 4), device=cpu_device)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
+@pytest.mark.parametrize("make", [np.eye, lambda n: np.matrix(np.eye(n)),
+                                  lambda n: np.eye(n).tolist()],
+                         ids=["ndarray", "np.matrix", "list"])
+def test_dense_matrix_refused(cpu_device, make):
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        psc.SpMV(make(3), device=cpu_device)
+
+
+def test_spmv_one_shot_validates_too(cpu_device):
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        psc.spmv(np.eye(3), np.ones(3), device=cpu_device)
+
+
+# ------------------------------------------------------------------------- index types
+
+
+def test_choose_index_dtype_forced_32_overflows():
+    with pytest.raises(psc.IndexOverflowError, match="index_bits=64"):
+        choose_index_dtype(2**31, 10, 5, 32)
+    with pytest.raises(psc.IndexOverflowError):
+        choose_index_dtype(10, 10, 2**31, 32)
+    with pytest.raises(psc.IndexOverflowError):
+        choose_index_dtype(10, 2**31 - 1, 5, 32)
+    assert issubclass(psc.IndexOverflowError, ValueError)
+
+
+def test_choose_index_dtype_auto():
+    assert choose_index_dtype(10, 10, 2**31) == np.int64
+    assert choose_index_dtype(10, 10, 2**31, "auto") == np.int64
+    assert choose_index_dtype(2**31, 1, 1) == np.int64
+    assert choose_index_dtype(10, 10, 100) == np.int32
+    assert choose_index_dtype(10, 10, 100, 64) == np.int64
+    assert choose_index_dtype(10, 10, 100, 32) == np.int32
+    with pytest.raises(ValueError, match="index_bits"):
+        choose_index_dtype(10, 10, 100, 16)
+
+
+def test_index_bits_parameter(device, rng):
+    A = small_matrix(rng, dtype=np.float32)
+    x = rng.standard_normal(30)
+    op = psc.SpMV(A, format="csr-scalar", device=device, index_bits=64)
+    assert op.params["index_bits"] == 64
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+    with pytest.raises(ValueError, match="index_bits"):
+        psc.SpMV(A, format="csr-scalar", device=device, index_bits=8)
+
+
+# ------------------------------------------------------------------- builds and devices
+
+
+def test_kernel_build_error_carries_log(device):
+    source = "__kernel void f(){ syntax error }"
+    with pytest.raises(psc.KernelBuildError) as info:
+        pyspmv_cl.cache.get_program(device.context, device.cl_device, source)
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.build_log.strip(), "empty build log"
+    assert err.source == source
+    assert "build log" in str(err)
+
+
+def test_unknown_device_selection_lists_devices():
+    devices = psc.devices()
+    with pytest.raises(psc.DeviceNotFoundError, match="no OpenCL device matches") as info:
+        psc.get_device("no-such-device-xyz")
+    message = str(info.value)
+    for dev in devices:
+        assert dev.id in message
+        assert dev.cl_device.name.strip() in message
+    assert isinstance(info.value, LookupError)
+
+
+@pytest.mark.parametrize("spec", ["9:9", "99", 99])
+def test_device_index_out_of_range(spec):
+    with pytest.raises(psc.DeviceNotFoundError, match="Available"):
+        psc.get_device(spec)
+
+
+def test_device_selection_of_wrong_type(rng):
+    with pytest.raises(TypeError, match="device must be"):
+        psc.get_device(1.5)
+    with pytest.raises(TypeError, match="device must be"):
+        psc.SpMV(small_matrix(rng), device=object())

@@ -1,0 +1,505 @@
+"""Correctness of every format against scipy (float64) on every OpenCL device: the
+DESIGN.md edge-case corpus, alpha/beta, vector shapes, every scipy input type, device-
+resident vectors, index widths, csr-vector geometries, GPU-shaped profile overrides and
+a conjugate-gradient solve through ``aslinearoperator``."""
+
+import numpy as np
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from conftest import DTYPES, assert_close, make_operator, poisoned, skip_without_fp64
+from matrix_cases import CASES, check_against_scipy, csr_from_row_lengths, magnitudes
+
+import pyspmv_cl as psc
+
+FORMATS = psc.formats()  # read at collection time: new formats are covered automatically
+
+with_formats = pytest.mark.parametrize("fmt", FORMATS)
+with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+
+
+def check_host(op, A, x, dtype, rng, alpha=1.0, beta=0.0):
+    """op.matvec with a host out: NaN-poisoned when beta == 0 (must not be read), a
+    random finite y0 otherwise; the result is stored into out and compared."""
+    m = A.shape[0]
+    out_shape = (m,) + x.shape[1:]
+    if beta == 0:
+        y0 = None
+        out = poisoned(out_shape, dtype)
+    else:
+        y0 = rng.standard_normal(out_shape).astype(dtype)
+        out = y0.copy()
+    y = op.matvec(x, out=out, alpha=alpha, beta=beta)
+    assert y is out
+    assert y.shape == out_shape and y.dtype == np.dtype(dtype)
+    check_against_scipy(y, A, x, dtype, alpha, beta, y0)
+    return y
+
+
+def check_device(op, A, x, dtype, rng, alpha=1.0, beta=0.0):
+    """The same with x and out as pyopencl arrays on the operator's queue."""
+    m = A.shape[0]
+    out_shape = (m,) + x.shape[1:]
+    y0 = None if beta == 0 else rng.standard_normal(out_shape).astype(dtype)
+    x_d = cla.to_device(op.queue, np.ascontiguousarray(x, dtype=dtype))
+    out_d = cla.to_device(op.queue, poisoned(out_shape, dtype) if y0 is None else y0)
+    y_d = op.matvec(x_d, out=out_d, alpha=alpha, beta=beta)
+    assert y_d is out_d
+    assert isinstance(y_d, cla.Array)
+    np.testing.assert_array_equal(x_d.get(), np.asarray(x, dtype=dtype))  # x untouched
+    check_against_scipy(y_d.get(), A, x, dtype, alpha, beta, y0)
+    return y_d
+
+
+# ------------------------------------------------------------------------ edge cases
+
+
+def _arrays(A):
+    if sp.issparse(A) and A.format == "coo":
+        return [A.data, A.row, A.col]
+    return [A.data, A.indices, A.indptr]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@with_dtypes
+@with_formats
+def test_edge_case(case, fmt, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    A = CASES[case](rng)
+    m, n = A.shape
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        return
+    assert op.shape == (m, n)
+    assert op.dtype == np.dtype(dtype)
+    assert op.format == fmt
+    assert op.nbytes >= 0
+
+    before = [a.copy() for a in _arrays(A)]
+    # Host vectors, out poisoned with NaN.
+    check_host(op, A, rng.standard_normal(n), dtype, rng)
+    # op @ x allocates the result; fresh values, same operator.
+    x = rng.standard_normal(n)
+    y = op @ x
+    assert isinstance(y, np.ndarray) and y.shape == (m,) and y.dtype == np.dtype(dtype)
+    check_against_scipy(y, A, x, dtype)
+    # The beta != 0 kernel variant, reading a finite out.
+    check_host(op, A, rng.standard_normal(n), dtype, rng, alpha=-1.5, beta=0.75)
+    # Device-resident x and out.
+    check_device(op, A, rng.standard_normal(n), dtype, rng)
+    # The caller's matrix is left as it was (no in-place sorting or summing).
+    for a, b in zip(_arrays(A), before):
+        np.testing.assert_array_equal(a, b)
+    # New values in the same pattern through the one-shot helper.
+    A2 = A.copy()
+    A2.data = rng.standard_normal(A2.data.size)
+    x = rng.standard_normal(n)
+    y = psc.spmv(A2, x, format=fmt, dtype=dtype, device=device, out=poisoned(m, dtype))
+    check_against_scipy(y, A2, x, dtype)
+
+
+X_SPECIALS_CASES = ["empty_rows", "explicit_zeros", "one_long_row", "row_length_sweep",
+                    "nan_inf_in_matrix", "duplicates_csr_large", "dense_1_x_3000", "1x1"]
+
+
+@pytest.mark.parametrize("case", X_SPECIALS_CASES)
+@with_dtypes
+@with_formats
+def test_nan_inf_in_x(case, fmt, dtype, device, rng):
+    """NaN/Inf in x (and in A) propagate exactly as in scipy: same NaN pattern, same
+    infinities (0 * inf is NaN through explicit zeros; +inf + -inf is NaN)."""
+    skip_without_fp64(device, dtype)
+    A = CASES[case](rng)
+    n = A.shape[1]
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        return
+    x = rng.standard_normal(n)
+    specials = rng.permutation(n)
+    k = max(1, n // 20)
+    x[specials[:k]] = np.nan if n > 1 else np.inf
+    x[specials[k:2 * k]] = np.inf
+    x[specials[2 * k:3 * k]] = -np.inf
+    check_host(op, A, x, dtype, rng)
+    check_host(op, A, x, dtype, rng, alpha=2.0, beta=-1.0)
+    check_device(op, A, x, dtype, rng)
+    # Only one infinite entry: rows through it are +-inf unless an explicit zero or a
+    # NaN in A makes them NaN.
+    x = rng.standard_normal(n)
+    x[specials[0]] = -np.inf
+    check_host(op, A, x, dtype, rng)
+
+
+# ------------------------------------------------------------------------ alpha / beta
+
+ALPHA_BETA = [(2.5, 0.0), (1.0, -0.5), (2.5, -0.5), (-1.0, 1.0), (0.0, 0.0), (0.0, 2.0),
+              (1.0, 1.0)]
+ALPHA_BETA_CASES = ["empty_rows", "one_long_row", "row_length_sweep", "all_rows_empty",
+                    "m_x_0", "0_x_n", "1x1"]
+
+
+@pytest.mark.parametrize("alpha,beta", ALPHA_BETA, ids=[f"a{a}-b{b}" for a, b in ALPHA_BETA])
+@with_dtypes
+@with_formats
+def test_alpha_beta(alpha, beta, fmt, dtype, device, rng):
+    """y = alpha*A@x + beta*out; with beta == 0 a NaN-poisoned out is never read."""
+    skip_without_fp64(device, dtype)
+    for case in ALPHA_BETA_CASES:
+        A = CASES[case](rng)
+        op = make_operator(A, fmt, dtype=dtype, device=device)
+        if op is None:
+            continue
+        n = A.shape[1]
+        check_host(op, A, rng.standard_normal(n), dtype, rng, alpha, beta)
+        check_device(op, A, rng.standard_normal(n), dtype, rng, alpha, beta)
+        # numpy scalar types are accepted as alpha/beta too.
+        check_host(op, A, rng.standard_normal(n), dtype, rng, np.float32(alpha),
+                   np.float64(beta))
+
+
+@with_formats
+def test_beta_without_out_is_refused(fmt, device, rng):
+    A = CASES["empty_rows"](rng)
+    op = make_operator(A, fmt, dtype=np.float32, device=device)
+    if op is None:
+        return
+    with pytest.raises(ValueError):
+        op.matvec(rng.standard_normal(A.shape[1]), beta=0.5)
+
+
+# ------------------------------------------------------------------------ vector shapes
+
+
+@with_dtypes
+@with_formats
+def test_column_vector_and_multiple_columns(fmt, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    for case in ("empty_rows", "one_long_row", "tall_3000x7", "wide_7x3000", "m_x_0"):
+        A = CASES[case](rng)
+        m, n = A.shape
+        op = make_operator(A, fmt, dtype=dtype, device=device)
+        if op is None:
+            continue
+        # x of shape (n, 1) -> (m, 1), with and without out, host and device.
+        x = rng.standard_normal((n, 1))
+        y = op @ x
+        assert y.shape == (m, 1)
+        check_against_scipy(y[:, 0], A, x[:, 0], dtype)
+        check_host(op, A, x, dtype, rng)
+        check_host(op, A, x, dtype, rng, alpha=0.5, beta=-2.0)
+        y_d = op.matvec(cla.to_device(op.queue, x.astype(dtype)))
+        assert isinstance(y_d, cla.Array) and y_d.shape == (m, 1)
+        check_against_scipy(y_d.get()[:, 0], A, x[:, 0], dtype)
+        # 2-D x (n, 3): column by column, C and Fortran order, out given or not.
+        X = rng.standard_normal((n, 3))
+        Y = op @ X
+        assert Y.shape == (m, 3) and Y.dtype == np.dtype(dtype)
+        for j in range(3):
+            check_against_scipy(Y[:, j], A, X[:, j], dtype)
+        out = poisoned((m, 3), dtype)
+        Y = op.matvec(np.asfortranarray(X), out=out, alpha=2.5)
+        assert Y is out
+        for j in range(3):
+            check_against_scipy(Y[:, j], A, X[:, j], dtype, 2.5)
+        Y0 = rng.standard_normal((m, 3)).astype(dtype)
+        out = Y0.copy()
+        op.matvec(X, out=out, alpha=-1.0, beta=0.5)
+        for j in range(3):
+            check_against_scipy(out[:, j], A, X[:, j], dtype, -1.0, 0.5, Y0[:, j])
+
+
+@with_dtypes
+@with_formats
+def test_strided_and_converted_host_vectors(fmt, dtype, device, rng):
+    """Non-contiguous x/out views and x/out of other numeric dtypes are accepted."""
+    skip_without_fp64(device, dtype)
+    A = CASES["row_length_sweep"](rng)
+    m, n = A.shape
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        return
+    big_x = rng.standard_normal(3 * n)
+    x = big_x[::3]
+    big_out = poisoned(2 * m, dtype)
+    y = op.matvec(x, out=big_out[1::2])
+    check_against_scipy(y, A, x, dtype)
+    assert np.isnan(big_out[0::2]).all()  # the entries between stay untouched
+    y0 = rng.standard_normal(m).astype(dtype)
+    big_out[1::2] = y0
+    op.matvec(x, out=big_out[1::2], alpha=0.5, beta=-1.5)
+    check_against_scipy(big_out[1::2], A, x, dtype, 0.5, -1.5, y0)
+    # Integer x; an out of the other float type.
+    x_int = rng.integers(-5, 6, n)
+    other = np.float64 if np.dtype(dtype) == np.float32 else np.float32
+    out = poisoned(m, other)
+    y = op.matvec(x_int, out=out)
+    assert y is out
+    check_against_scipy(y, A, x_int, np.float32)  # stored in float32 either way
+    x32 = rng.standard_normal(n).astype(np.float32)
+    check_against_scipy(op @ x32, A, x32, dtype)
+
+
+# ------------------------------------------------------------------------ input types
+
+
+def _base_matrix(rng):
+    lengths = rng.integers(0, 9, 60)
+    lengths[:3] = 0
+    lengths[40:45] = 0
+    return csr_from_row_lengths(rng, lengths, 40)
+
+
+SPARSE_TYPES = {
+    "csr_matrix": sp.csr_matrix, "csc_matrix": sp.csc_matrix, "coo_matrix": sp.coo_matrix,
+    "bsr_matrix": lambda A: sp.bsr_matrix(A, blocksize=(2, 2)),
+    "lil_matrix": sp.lil_matrix, "dok_matrix": sp.dok_matrix, "dia_matrix": sp.dia_matrix,
+    "csr_array": sp.csr_array, "csc_array": sp.csc_array, "coo_array": sp.coo_array,
+    "bsr_array": lambda A: sp.bsr_array(A, blocksize=(3, 4)),
+    "lil_array": sp.lil_array, "dok_array": sp.dok_array, "dia_array": sp.dia_array,
+    "csr_int64_values": lambda A: sp.csr_matrix(np.round(10 * A.toarray()).astype(np.int64)),
+    "csr_float32_values": lambda A: A.astype(np.float32),
+    "csr_bool_values": lambda A: A.astype(bool),
+}
+
+
+@pytest.mark.parametrize("kind", list(SPARSE_TYPES) + ["triple", "triple_int64"])
+@with_dtypes
+@with_formats
+def test_input_types(kind, fmt, dtype, device, rng):
+    """Every scipy.sparse matrix and array class, and the (data, indices, indptr) triple
+    with shape=, multiply like the CSR matrix they hold."""
+    skip_without_fp64(device, dtype)
+    base = _base_matrix(rng)
+    if kind.startswith("triple"):
+        itype = np.int64 if kind == "triple_int64" else np.int32
+        A_in = (base.data.copy(), base.indices.astype(itype), base.indptr.astype(itype))
+        op = make_operator(A_in, fmt, dtype=dtype, device=device, shape=base.shape)
+        if op is None:
+            return
+        A = base
+    else:
+        A_in = SPARSE_TYPES[kind](base)
+        assert sp.issparse(A_in)
+        op = make_operator(A_in, fmt, dtype=dtype, device=device)
+        if op is None:
+            return
+        A = sp.csr_matrix(A_in, dtype=np.float64)
+    assert op.shape == base.shape and op.dtype == np.dtype(dtype)
+    check_host(op, A, rng.standard_normal(base.shape[1]), dtype, rng)
+    check_device(op, A, rng.standard_normal(base.shape[1]), dtype, rng)
+
+
+# ------------------------------------------------------------------------ device arrays
+
+
+@with_dtypes
+@with_formats
+def test_device_arrays(fmt, dtype, device, rng):
+    """pyopencl x/out stay on the device; a host x may go with a device out."""
+    skip_without_fp64(device, dtype)
+    for case in ("empty_rows", "one_long_row", "row_length_sweep", "0x0", "m_x_0", "0_x_n"):
+        A = CASES[case](rng)
+        m, n = A.shape
+        op = make_operator(A, fmt, dtype=dtype, device=device)
+        if op is None:
+            continue
+        # out=None: a new device array comes back.
+        x = rng.standard_normal(n)
+        y_d = op.matvec(cla.to_device(op.queue, x.astype(dtype)))
+        assert isinstance(y_d, cla.Array)
+        assert y_d.shape == (m,) and y_d.dtype == np.dtype(dtype)
+        assert y_d.context == op.device.context
+        check_against_scipy(y_d.get(), A, x, dtype)
+        # op @ device x returns a device array too.
+        x = rng.standard_normal(n)
+        y_d = op @ cla.to_device(op.queue, x.astype(dtype))
+        assert isinstance(y_d, cla.Array)
+        check_against_scipy(y_d.get(), A, x, dtype)
+        # Given out, alpha/beta on the device; then chained products without host trips.
+        check_device(op, A, rng.standard_normal(n), dtype, rng, alpha=2.5)
+        check_device(op, A, rng.standard_normal(n), dtype, rng, alpha=0.5, beta=-0.5)
+        # Mixed: host x, device out (poisoned).
+        x = rng.standard_normal(n)
+        out_d = cla.to_device(op.queue, poisoned(m, dtype))
+        y_d = op.matvec(x, out=out_d)
+        assert y_d is out_d
+        check_against_scipy(out_d.get(), A, x, dtype)
+        y0 = rng.standard_normal(m).astype(dtype)
+        out_d = cla.to_device(op.queue, y0)
+        op.matvec(x, out=out_d, alpha=3.0, beta=-1.0)
+        check_against_scipy(out_d.get(), A, x, dtype, 3.0, -1.0, y0)
+
+
+@with_dtypes
+@with_formats
+def test_device_chained_products(fmt, dtype, device, rng):
+    """y = A @ (A @ x) entirely on the device (events order the two launches)."""
+    skip_without_fp64(device, dtype)
+    A = CASES["diagonal_1031"](rng) + CASES["diagonal_1031"](rng)[::-1]
+    A = sp.csr_matrix(A)
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        return
+    x = rng.standard_normal(A.shape[1])
+    x_d = cla.to_device(op.queue, x.astype(dtype))
+    z_d = op.matvec(op.matvec(x_d))
+    z = z_d.get()
+    y_ref = A @ (A @ x)
+    assert_close(z, y_ref, magnitudes(A) @ magnitudes(A), x, dtype)
+
+
+# ------------------------------------------------------------------------ index width
+
+
+@with_dtypes
+@with_formats
+def test_index_bits_64_matches_32(fmt, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    for case in ("empty_rows", "one_long_row", "power_law", "duplicates_coo", "0x0"):
+        A = CASES[case](rng)
+        csr = sp.csr_matrix(A)
+        x = rng.standard_normal(A.shape[1])
+        results = {}
+        for bits in (32, 64):
+            op = make_operator(A, fmt, dtype=dtype, device=device, index_bits=bits)
+            if op is None:  # a refusal does not depend on the index width
+                break
+            assert op.params["index_bits"] == bits
+            results[bits] = check_host(op, A, x, dtype, rng)
+            check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng, beta=0.5)
+            results[bits, "nbytes"] = op.nbytes
+        if op is None:
+            continue
+        assert np.array_equal(np.isnan(results[32]), np.isnan(results[64]))
+        if fmt in ("csr-scalar", "csr-vector"):
+            # row_ptr and col_idx double in width; values do not change.
+            assert results[64, "nbytes"] - results[32, "nbytes"] == 4 * (csr.shape[0] + 1
+                                                                         + csr.nnz)
+
+
+# ------------------------------------------------------------------------ csr-vector geometry
+
+# (vector_size, work_group_size, reduction): every vector size with 128-wide groups and
+# the tree reduction (the GPU defaults) and with 64-wide groups and the serial reduction
+# (the CPU defaults); one row per group (wg == vector_size), groups of 3 rows (wg not a
+# power of two), and wide groups.
+VECTOR_GEOMETRIES = ([(vs, 128, "tree") for vs in (2, 4, 8, 16, 32, 64)]
+                     + [(vs, 64, "serial") for vs in (2, 4, 8, 16, 32, 64)]
+                     + [(2, 2, "tree"), (8, 24, "serial"), (32, 1024, "tree")])
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("vector_size,wg,reduction", VECTOR_GEOMETRIES,
+                         ids=[f"vs{v}-wg{w}-{r}" for v, w, r in VECTOR_GEOMETRIES])
+@with_dtypes
+def test_csr_vector_geometries(vector_size, wg, reduction, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    for case in ("row_length_sweep", "one_long_row", "empty_rows", "1x1", "dense_3000_x_1",
+                 "0x0"):
+        A = CASES[case](rng)
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device,
+                      vector_size=vector_size, work_group_size=wg, reduction=reduction)
+        params = op.params
+        assert params["vector_size"] == vector_size
+        assert params["reduction"] == reduction
+        # The builder may shrink the group to what the compiled kernel allows.
+        assert params["work_group_size"] <= wg
+        assert params["work_group_size"] % vector_size == 0
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=2.0, beta=-1.0)
+        check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+
+
+@pytest.mark.parametrize("work_group_size", [1, 96, 128])
+@with_dtypes
+def test_csr_scalar_work_group_sizes(work_group_size, dtype, device, rng):
+    if "csr-scalar" not in FORMATS:
+        pytest.skip("no csr-scalar format")
+    skip_without_fp64(device, dtype)
+    for case in ("row_length_sweep", "one_long_row", "empty_rows", "1x1"):
+        A = CASES[case](rng)
+        op = psc.SpMV(A, format="csr-scalar", dtype=dtype, device=device,
+                      work_group_size=work_group_size)
+        assert op.params["work_group_size"] <= work_group_size
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=2.0, beta=-1.0)
+
+
+# ------------------------------------------------------------------------ profile overrides
+
+OVERRIDES = {"simd32": dict(simd_width=32),
+             "gpu64": dict(simd_width=64, device_type="gpu"),
+             "gpu32": dict(simd_width=32, device_type="gpu")}
+OVERRIDE_CASES = ["row_length_sweep", "one_long_row", "empty_rows", "all_equal_rows_64",
+                  "all_equal_rows_1", "1x1", "0x0", "m_x_0"]
+
+
+@pytest.mark.parametrize("override", list(OVERRIDES))
+@with_dtypes
+@with_formats
+def test_profile_override(override, fmt, dtype, device, rng):
+    """GPU-shaped defaults (from an overridden profile) run correctly on the real device
+    and the chosen parameters respect the pretended hardware."""
+    skip_without_fp64(device, dtype)
+    dev = device.override(**OVERRIDES[override])
+    profile = dev.profile
+    assert profile.simd_width == OVERRIDES[override]["simd_width"]
+    assert dev.context == device.context
+    for case in OVERRIDE_CASES:
+        A = CASES[case](rng)
+        op = make_operator(A, fmt, dtype=dtype, device=dev)
+        if op is None:
+            continue
+        assert op.device.profile.simd_width == profile.simd_width
+        params = op.params
+        wg = params.get("work_group_size")
+        if wg is not None:
+            assert 1 <= wg <= profile.max_work_group_size
+        if fmt == "csr-vector":
+            vs = params["vector_size"]
+            assert 2 <= vs <= max(2, min(64, profile.simd_width, profile.lanes(dtype)))
+            assert wg % vs == 0
+            if profile.is_gpu and case == "all_equal_rows_64":
+                # Rows of 64 on a GPU profile get more than the CPU's vector lanes.
+                assert vs > device.profile.lanes(dtype)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=-2.0, beta=0.5)
+        check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+
+
+# ------------------------------------------------------------------------ LinearOperator
+
+
+def poisson_2d(k):
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(k, k))
+    eye = sp.identity(k)
+    return sp.csr_matrix(sp.kron(eye, T) + sp.kron(T, eye))
+
+
+@with_formats
+def test_linear_operator_cg(fmt, device, rng):
+    skip_without_fp64(device, np.float64)
+    A = poisson_2d(24)
+    n = A.shape[0]
+    op = make_operator(A, fmt, dtype=np.float64, device=device)
+    if op is None:
+        return
+    L = op.aslinearoperator()
+    assert isinstance(L, spla.LinearOperator)
+    assert L.shape == A.shape and L.dtype == np.float64
+    x = rng.standard_normal(n)
+    check_against_scipy(L @ x, A, x, np.float64)
+    X = rng.standard_normal((n, 2))
+    Y = L.matmat(X)
+    for j in range(2):
+        check_against_scipy(Y[:, j], A, X[:, j], np.float64)
+
+    b = rng.standard_normal(n)
+    exact = spla.spsolve(sp.csc_matrix(A), b)
+    solution, info = spla.cg(L, b, rtol=1e-10, atol=0.0, maxiter=5 * n)
+    assert info == 0
+    scipy_solution, scipy_info = spla.cg(A, b, rtol=1e-10, atol=0.0, maxiter=5 * n)
+    assert scipy_info == 0
+    assert np.linalg.norm(solution - exact) <= 1e-7 * np.linalg.norm(exact)
+    assert np.linalg.norm(solution - scipy_solution) <= 1e-7 * np.linalg.norm(exact)

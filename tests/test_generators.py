@@ -1,0 +1,301 @@
+"""Tests for pyspmv_cl.generators: structure, canonical CSR, spec parsing, file loading."""
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse as sp
+
+from pyspmv_cl import generators as g
+
+MATRICES = Path(__file__).resolve().parents[2] / "shared" / "matrices"
+
+
+def assert_canonical(A, dtype=np.float64):
+    """csr_matrix of the given dtype with strictly increasing columns in every row."""
+    assert isinstance(A, sp.csr_matrix)
+    assert A.dtype == dtype
+    assert A.nnz > 0
+    assert A.indptr[0] == 0 and A.indptr[-1] == A.nnz == A.indices.size == A.data.size
+    assert np.all(np.diff(A.indptr) >= 0)
+    assert A.indices.min() >= 0 and A.indices.max() < A.shape[1]
+    # Within a row, consecutive columns must increase strictly (sorted, no repeats).
+    steps = np.diff(A.indices.astype(np.int64))
+    starts = np.zeros(A.nnz, dtype=bool)
+    starts[A.indptr[:-1][A.indptr[:-1] < A.nnz]] = True
+    assert np.all(steps[~starts[1:]] > 0)
+    assert A.has_canonical_format
+    B = A.copy()
+    B.sum_duplicates()
+    assert B.nnz == A.nnz
+
+
+def laplacian_1d(n):
+    return sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n))
+
+
+def row_lengths(A):
+    return np.diff(A.indptr)
+
+
+# ----------------------------------------------------------------------------- generators
+
+
+def test_poisson2d_matches_kronsum():
+    n = 6
+    A = g.poisson2d(n)
+    assert_canonical(A)
+    assert A.shape == (n * n, n * n)
+    assert A.nnz == 5 * n * n - 4 * n  # each grid edge drops one neighbour
+    assert (A != A.T).nnz == 0
+    np.testing.assert_array_equal(A.diagonal(), 4.0)
+    assert set(np.unique(A.data)) == {-1.0, 4.0}
+    ref = sp.kronsum(laplacian_1d(n), laplacian_1d(n)).tocsr()
+    assert abs(A - ref).max() == 0
+
+
+def test_poisson3d_matches_kronsum():
+    n = 4
+    A = g.poisson3d(n)
+    assert_canonical(A)
+    assert A.shape == (n**3, n**3)
+    assert A.nnz == 7 * n**3 - 6 * n**2
+    assert (A != A.T).nnz == 0
+    np.testing.assert_array_equal(A.diagonal(), 6.0)
+    T = laplacian_1d(n)
+    ref = sp.kronsum(sp.kronsum(T, T), T).tocsr()
+    assert abs(A - ref).max() == 0
+
+
+def test_poisson_single_point():
+    A = g.poisson2d(1)
+    assert A.shape == (1, 1) and A.toarray()[0, 0] == 4.0
+
+
+def test_random_uniform():
+    A = g.random_uniform(500, 300, nnz_per_row=7, seed=3)
+    assert_canonical(A)
+    assert A.shape == (500, 300)
+    lengths = row_lengths(A)
+    assert lengths.max() <= 7 and lengths.mean() > 6.5
+    assert np.all((A.data >= -1.0) & (A.data < 1.0))
+    # Reproducible per seed, different across seeds.
+    B = g.random_uniform(500, 300, nnz_per_row=7, seed=3)
+    assert abs(A - B).max() == 0
+    C = g.random_uniform(500, 300, nnz_per_row=7, seed=4)
+    assert abs(A - C).max() > 0
+    assert g.random_uniform(50).shape == (50, 50)
+
+
+def test_power_law_has_long_rows():
+    A = g.power_law(5000, avg_degree=8, seed=0)
+    assert_canonical(A)
+    assert A.shape == (5000, 5000)
+    lengths = row_lengths(A)
+    assert 6 <= lengths.mean() <= 9
+    assert lengths.max() > 50 * lengths.mean()
+    assert lengths.min() >= 1
+    # Most rows are short: the median sits well below the mean.
+    assert np.median(lengths) < lengths.mean()
+
+
+def test_rmat_is_skewed():
+    scale, ef = 10, 8
+    A = g.rmat(scale, ef, seed=1)
+    assert_canonical(A)
+    assert A.shape == (1 << scale, 1 << scale)
+    assert 0.5 * ef * (1 << scale) < A.nnz <= ef * (1 << scale)
+    lengths = row_lengths(A)
+    assert lengths.max() > 10 * lengths.mean()
+    # a > d puts more edges in low-numbered rows than high-numbered ones.
+    half = 1 << (scale - 1)
+    assert lengths[:half].sum() > lengths[half:].sum()
+    with pytest.raises(ValueError):
+        g.rmat(4, a=0.6, b=0.3, c=0.3)
+
+
+def test_banded():
+    n, bw = 50, 3
+    A = g.banded(n, bandwidth=bw, seed=2)
+    assert_canonical(A)
+    assert A.shape == (n, n)
+    assert A.nnz == n * (2 * bw + 1) - bw * (bw + 1)
+    rows = np.repeat(np.arange(n), row_lengths(A))
+    assert np.all(np.abs(rows - A.indices) <= bw)
+    assert g.banded(10, bandwidth=0).nnz == 10
+
+
+def test_dense_rows():
+    n = 1000
+    A = g.dense_rows(n, n_dense=3, nnz_per_row=5, seed=0)
+    assert_canonical(A)
+    lengths = row_lengths(A)
+    assert np.sum(lengths == n) == 3
+    assert np.sort(lengths)[-4] <= 5
+    half = row_lengths(g.dense_rows(n, n_dense=2, dense_fraction=0.5, seed=1))
+    top = np.sort(half)[-2:]
+    assert np.all((top > 0.4 * n) & (top < 0.6 * n))
+
+
+def test_block_diagonal_equals_kron():
+    A = g.random_uniform(7, 5, nnz_per_row=3, seed=9)
+    B = g.block_diagonal(A, 4)
+    assert_canonical(B)
+    assert B.shape == (28, 20)
+    ref = sp.kron(sp.identity(4), A, format="csr")
+    assert abs(B - ref).max() == 0
+    assert abs(g.block_diagonal(A, 1) - A).max() == 0
+    with pytest.raises(ValueError):
+        g.block_diagonal(A, 0)
+
+
+def test_poisson2d_large_is_fast():
+    # The brief's scale target: 4M rows / 20M nnz in a few seconds.
+    import time
+
+    t0 = time.perf_counter()
+    A = g.poisson2d(2000)
+    assert time.perf_counter() - t0 < 15
+    assert A.shape == (4_000_000, 4_000_000) and A.nnz == 5 * 4_000_000 - 8000
+    assert A.indices.dtype == np.int32
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_mtx(path, M, **kw):
+    if str(path).endswith(".gz"):
+        with gzip.open(path, "wb") as f:
+            scipy.io.mmwrite(f, M, **kw)
+    else:
+        scipy.io.mmwrite(str(path), M, **kw)
+
+
+@pytest.mark.parametrize("name", ["m.mtx", "m.mtx.gz"])
+def test_load_matrix_real_roundtrip(tmp_path, name):
+    A = g.random_uniform(40, 30, nnz_per_row=4, seed=5)
+    write_mtx(tmp_path / name, A)
+    B = g.load_matrix(tmp_path / name)
+    assert_canonical(B)
+    assert abs(A - B).max() < 1e-12
+
+
+def test_load_matrix_pattern_integer_complex(tmp_path):
+    P = sp.csr_matrix(np.array([[1, 0, 1], [0, 1, 0]]))
+    write_mtx(tmp_path / "p.mtx", P, field="pattern")
+    B = g.load_matrix(tmp_path / "p.mtx")
+    assert_canonical(B)
+    np.testing.assert_array_equal(B.toarray(), P.toarray().astype(float))
+
+    write_mtx(tmp_path / "i.mtx.gz", P * 3, field="integer")
+    C = g.load_matrix(str(tmp_path / "i.mtx.gz"))
+    assert C.dtype == np.float64 and C.toarray()[0, 2] == 3.0
+
+    Z = sp.csr_matrix(np.array([[1 + 2j, 0], [0, 3j]]))
+    write_mtx(tmp_path / "z.mtx", Z)
+    D = g.load_matrix(tmp_path / "z.mtx")
+    assert D.dtype.kind == "c"
+    np.testing.assert_array_equal(D.toarray(), Z.toarray())
+
+
+def test_load_matrix_symmetric_is_expanded(tmp_path):
+    S = sp.csr_matrix(np.array([[2.0, 1.0], [1.0, 3.0]]))
+    write_mtx(tmp_path / "s.mtx", S, symmetry="symmetric")
+    np.testing.assert_array_equal(g.load_matrix(tmp_path / "s.mtx").toarray(), S.toarray())
+
+
+def test_load_shared_1138_bus():
+    path = MATRICES / "1138_bus.mtx.gz"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    A = g.load_matrix(path)
+    assert_canonical(A)
+    assert A.shape == (1138, 1138)
+    assert A.nnz == 4054  # 2596 stored entries of a symmetric matrix, expanded
+    assert abs(A - A.T).max() == 0
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "shape"),
+    [
+        ("poisson2d:10", "poisson2d-10", (100, 100)),
+        ("poisson3d:5", "poisson3d-5", (125, 125)),
+        ("random:200,5", "random-200-5", (200, 200)),
+        ("random:200", "random-200", (200, 200)),
+        ("powerlaw:1000,8", "powerlaw-1000-8", (1000, 1000)),
+        ("powerlaw:1000,8,2.5", "powerlaw-1000-8-2.5", (1000, 1000)),
+        ("rmat:8,4", "rmat-8-4", (256, 256)),
+        ("banded:100,2", "banded-100-2", (100, 100)),
+        ("denserows:200,2", "denserows-200-2", (200, 200)),
+        ("poisson2d:10*3", "poisson2d-10x3", (300, 300)),
+        (" Poisson2D:4 ", "poisson2d-4", (16, 16)),
+    ],
+)
+def test_from_spec_generators(spec, name, shape):
+    got_name, A = g.from_spec(spec)
+    assert got_name == name
+    assert A.shape == shape
+    assert_canonical(A)
+
+
+def test_from_spec_parameters_reach_generator():
+    _, A = g.from_spec("random:300,4")
+    assert row_lengths(A).max() <= 4
+    _, B = g.from_spec("banded:100,2")
+    assert abs(B - g.banded(100, 2)).max() == 0
+    _, C = g.from_spec("denserows:200,2")
+    assert np.sum(row_lengths(C) == 200) == 2
+
+
+def test_from_spec_files(tmp_path):
+    A = g.random_uniform(20, 20, nnz_per_row=3, seed=1)
+    write_mtx(tmp_path / "foo.mtx.gz", A)
+    write_mtx(tmp_path / "bar.mtx", A)
+    name, B = g.from_spec(str(tmp_path / "foo.mtx.gz"))
+    assert name == "foo" and abs(A - B).max() < 1e-12
+    name, C = g.from_spec(str(tmp_path / "bar.mtx") + "*8")
+    assert name == "barx8" and C.shape == (160, 160)
+    assert abs(C - sp.kron(sp.identity(8), A)).max() < 1e-12
+    # Any existing file is read as Matrix Market, whatever its suffix.
+    write_mtx(tmp_path / "plain.mtx", A)
+    (tmp_path / "plain.mtx").rename(tmp_path / "plain.txt")
+    name, D = g.from_spec(str(tmp_path / "plain.txt"))
+    assert name == "plain.txt" and D.nnz == A.nnz
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "nosuch:5",
+        "poisson2d",
+        "poisson2d:",
+        "poisson2d:abc",
+        "poisson2d:1.5",
+        "poisson2d:10,2",
+        "poisson2d:10*0",
+        "poisson2d:10*x",
+        "poisson2d:0",
+        "rmat:4,4,4",
+        "missing_file.mtx",
+        "missing_file.mtx.gz*2",
+    ],
+)
+def test_from_spec_rejects(spec):
+    with pytest.raises(ValueError) as info:
+        g.from_spec(spec)
+    message = str(info.value)
+    for generator in ("poisson2d", "poisson3d", "random", "powerlaw", "rmat", "banded",
+                      "denserows"):
+        assert generator in message
+
+
+def test_generator_help_lists_everything():
+    for word in ("poisson2d:N", "poisson3d:N", "random:ROWS", "powerlaw:N", "rmat:SCALE",
+                 "banded:N", "denserows:N", ".mtx.gz", "*K"):
+        assert word in g.GENERATOR_HELP
