@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 from . import codegen
 from .cache import get_program
+from .formats.base import program_kernels
 from .matrix import SpMV
 from .peers import available_peers, time_peer
 
@@ -59,7 +60,7 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
         nbytes = min(256 << 20, profile.max_alloc_size // 2, profile.global_mem_size // 8)
     n_vec = max(1, nbytes // 16)
     program = get_program(device.context, device.cl_device, codegen.helper("copy.cl"))
-    kernel = cl.Kernel(program, "copy_float4")
+    kernel = program_kernels(program, ["copy_float4"])["copy_float4"]
     queue = device.queue
     src = cl.Buffer(device.context, cl.mem_flags.READ_ONLY, n_vec * 16)
     dst = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, n_vec * 16)
@@ -230,11 +231,46 @@ def format_table(env, results):
             f"| {r['matrix']} | {r['rows']} | {r['nnz']} | {r['dtype']} | {r['impl']} | "
             f"{r['gflops']:.2f} | {r['gbps']:.1f} | {pct} | {r['seconds'] * 1e3:.3f} | "
             f"{call} | {conv} | {r['rel_err']:.1e} | {ptext} |")
+    lines += ["", *summary_lines(results)]
     if env.get("peers_unavailable"):
         lines.append("")
         for name, why in env["peers_unavailable"].items():
             lines.append(f"peer {name} unavailable: {why}")
     return "\n".join(lines)
+
+
+def summary_lines(results):
+    """Geometric means per dtype over the matrices every implementation ran on:
+    GFLOP/s of each implementation, and the speed of our best format per matrix
+    relative to each peer."""
+    import math
+
+    ok = [r for r in results if "error" not in r and r.get("seconds")]
+    lines = ["| dtype | implementation | geomean GFLOP/s | matrices |", "|---|---|---:|---:|"]
+    ratios = []
+    for dtype in sorted({r["dtype"] for r in ok}):
+        rows = [r for r in ok if r["dtype"] == dtype]
+        by_impl = {}
+        for r in rows:
+            by_impl.setdefault(r["impl"], {})[r["matrix"]] = r["seconds"]
+        ours = sorted({r["impl"] for r in rows if r.get("kind") == "pyspmv_cl"})
+        best = {}
+        for impl in ours:
+            for m, t in by_impl[impl].items():
+                best[m] = min(best.get(m, math.inf), t)
+        flops = {r["matrix"]: 2.0 * r["nnz"] for r in rows}
+        for impl, times in by_impl.items():
+            g = math.exp(sum(math.log(flops[m] / t / 1e9) for m, t in times.items()) / len(times))
+            lines.append(f"| {dtype} | {impl} | {g:.2f} | {len(times)} |")
+        for impl in sorted({r["impl"] for r in rows if r.get("kind") == "peer"}):
+            common = [m for m in by_impl[impl] if m in best]
+            if common:
+                g = math.exp(sum(math.log(by_impl[impl][m] / best[m]) for m in common)
+                             / len(common))
+                ratios.append(f"{dtype}: speed of the best pyspmv_cl format per matrix "
+                              f"relative to {impl}: {g:.2f}x (geometric mean over "
+                              f"{len(common)} matrices; >1 = faster)")
+    return lines + [""] + ratios
 
 
 def stderr_progress(total=None):

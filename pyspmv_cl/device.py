@@ -119,29 +119,37 @@ def _safe_info(device, attr, default):
         return default
 
 
-def _probe_simd_width(context, device):
-    """SIMD width as the driver reports it for a real kernel: the preferred work-group
-    size multiple of a trivial probe kernel (32 on NVIDIA, 32/64 on AMD, the vector
-    lanes on PoCL), cross-checked with vendor attributes where they exist."""
+def _probe_simd_width(context, device, subgroups):
+    """SIMD width as the driver reports it for a real kernel, in order of trust: the
+    vendor's warp/wavefront attribute (NVIDIA, AMD), the maximum sub-group size of a
+    trivial probe kernel (Intel GPUs and other sub-group devices), and the probe's
+    preferred work-group size multiple (32 on NVIDIA, 32/64 on AMD, the vector lanes
+    on PoCL)."""
     from .cache import get_program
 
-    reported = None
     for attr in ("warp_size_nv", "wavefront_width_amd"):
         value = _safe_info(device, attr, None)
         if value:
-            reported = int(value)
+            return int(value)
     try:
-        program = get_program(context, device, _PROBE_SOURCE)
-        kernel = program.pyspmv_cl_probe
-        multiple = kernel.get_work_group_info(
-            cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, device)
+        kernel = get_program(context, device, _PROBE_SOURCE).all_kernels()[0]
     except Exception as exc:  # a driver that cannot build the probe still gets a profile
         warnings.warn(f"SIMD-width probe failed on {device.name!r}: {exc}", stacklevel=3)
-        multiple = None
-    if reported:
-        return reported
-    if multiple and multiple > 0:
-        return int(multiple)
+        kernel = None
+    if kernel is not None and subgroups:
+        try:
+            size = kernel.get_sub_group_info(
+                device, cl.kernel_sub_group_info.MAX_SUB_GROUP_SIZE_FOR_NDRANGE,
+                [min(256, device.max_work_group_size)])
+            if size and size > 1:
+                return int(size)
+        except (cl.Error, AttributeError, TypeError):
+            pass  # sub-group queries need OpenCL 2.1+ or cl_khr_subgroups
+    if kernel is not None:
+        multiple = kernel.get_work_group_info(
+            cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, device)
+        if multiple and multiple > 0:
+            return int(multiple)
     return 32 if _device_type(device) == "gpu" else max(1, device.preferred_vector_width_float)
 
 
@@ -167,7 +175,7 @@ def build_profile(context, device):
         vendor_family=family,
         device_type=_device_type(device),
         compute_units=int(device.max_compute_units),
-        simd_width=_probe_simd_width(context, device),
+        simd_width=_probe_simd_width(context, device, subgroups),
         vector_lanes_float32=int(device.preferred_vector_width_float or 1),
         vector_lanes_float64=int(device.preferred_vector_width_double or 0),
         max_work_group_size=int(device.max_work_group_size),

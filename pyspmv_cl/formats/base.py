@@ -61,6 +61,17 @@ def upload(context, array):
                      hostbuf=array)
 
 
+def program_kernels(program, names):
+    """Fresh kernel objects (own argument state) for ``names`` in a built program.
+    ``all_kernels`` avoids pyopencl's attribute lookup, which probes the driver for a
+    kernel named after each attribute it is asked for."""
+    found = {k.function_name: k for k in program.all_kernels()}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise KeyError(f"kernel(s) {missing} not in the program (has {sorted(found)})")
+    return {n: found[n] for n in names}
+
+
 def pow2_floor(n):
     return 1 << (int(n).bit_length() - 1) if n >= 1 else 1
 
@@ -158,7 +169,7 @@ class SpMVFormat:
                                     profile=self.profile, work_group_size=wg,
                                     **template_params)
             program = get_program(ctx, dev, source)
-            kernels = {name: cl.Kernel(program, name) for name in kernel_names}
+            kernels = program_kernels(program, kernel_names)
             limit = min(k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
                         for k in kernels.values())
             if wg <= limit:
