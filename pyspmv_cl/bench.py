@@ -38,19 +38,36 @@ def _event_seconds(event):
     return (event.profile.end - event.profile.start) * 1e-9
 
 
-def _median_events(enqueue, queue, warmup, repeats, min_time):
+def _median_seconds(run_once, queue, warmup, repeats, min_time):
+    """Median of ``run_once()`` (which enqueues work and returns its device seconds)
+    after ``warmup`` calls, over at least ``repeats`` samples and ``min_time``."""
     for _ in range(warmup):
-        enqueue()
+        run_once()
     queue.finish()
     samples = []
     start = time.perf_counter()
     while len(samples) < repeats or time.perf_counter() - start < min_time:
-        event = enqueue()
-        event.wait()
-        samples.append(_event_seconds(event))
+        samples.append(run_once())
         if time.perf_counter() - start > 30 * max(min_time, 0.1):
             break
     return statistics.median(samples)
+
+
+def _kernel_seconds(queue, enqueue):
+    """Device time of ``enqueue()``'s one kernel, from its profiling event."""
+    event = enqueue()
+    event.wait()
+    return _event_seconds(event)
+
+
+def _marked_seconds(queue, enqueue):
+    """Device time of everything ``enqueue()`` puts on the (in-order) queue, however
+    many kernels: from the end of a marker before it to the end of a marker after."""
+    before = cl.enqueue_marker(queue)
+    enqueue()
+    after = cl.enqueue_marker(queue)
+    after.wait()
+    return (after.profile.end - before.profile.end) * 1e-9
 
 
 def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
@@ -68,8 +85,9 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
     kernel.set_args(src, dst, np.int64(n_vec))
     wg = min(256, profile.max_work_group_size)
     groups = -(-n_vec // wg)
-    seconds = _median_events(
-        lambda: cl.enqueue_nd_range_kernel(queue, kernel, (groups * wg,), (wg,)),
+    seconds = _median_seconds(
+        lambda: _kernel_seconds(queue, lambda: cl.enqueue_nd_range_kernel(
+            queue, kernel, (groups * wg,), (wg,))),
         queue, 3, repeats, min_time)
     return 2 * n_vec * 16 / seconds / 1e9
 
@@ -139,16 +157,14 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
 
 
 def _time_operator(op, x_host, repeats, min_time):
-    """(median kernel seconds from profiling events, median wall seconds of a whole
-    host-to-host ``op @ x``, the result)."""
+    """(median device seconds of one product on device-resident vectors, all its
+    kernels included, median wall seconds of a whole host-to-host ``op @ x``, the
+    result)."""
     x_dev = cla.to_device(op.queue, x_host)
     y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
-
-    def enqueue():
-        op.matvec(x_dev, out=y_dev)
-        return y_dev.events[-1] if y_dev.events else cl.enqueue_marker(op.queue)
-
-    seconds = _median_events(enqueue, op.queue, 3, repeats, min_time)
+    seconds = _median_seconds(
+        lambda: _marked_seconds(op.queue, lambda: op.matvec(x_dev, out=y_dev)),
+        op.queue, 3, repeats, min_time)
     wall = statistics.median(_wall_times(lambda: op @ x_host, max(5, repeats // 3)))
     return seconds, wall, op @ x_host
 

@@ -1,0 +1,147 @@
+"""``dia``: the diagonal format (Bell & Garland, section 3.1).
+
+Each occupied diagonal (``offset = column - row``) is one column of a dense
+``n_diags x stride`` array: entry ``(i, i + offsets[d])`` lives at ``d * stride + i``,
+so consecutive rows (work-items) read consecutive addresses.  One work-item per row.
+
+Stored entries and padding.  A diagonal slot with no stored entry must never multiply
+x (``0 * inf`` would be NaN where scipy gives nothing), while a stored zero must.  When
+no stored value is zero in the device dtype, "value != 0" tells them apart exactly and
+nothing more is stored; otherwise a validity bitmap (one bit per slot, ``d * stride +
+i``; 1/32 of the data in float32) marks the stored slots and the kernel tests the bit.
+Duplicate ``(row, column)`` entries are not summed (scipy multiplies each): the k-th
+repeat goes to a second copy of its diagonal (same offset, "layer" k), so every stored
+entry keeps a slot of its own.
+
+DIA refuses (``FormatNotSuitableError``) a matrix spread over more than
+``max_diagonals`` diagonals (default 512) or whose slots exceed ``max_fill`` times its
+non-zeros (``n_diags * n_rows / nnz``, default 3), unless its arrays are under 1 MiB.
+"""
+
+import math
+
+import numpy as np
+
+from ..errors import FormatNotSuitableError
+from .base import SpMVFormat, format_bytes, pow2_floor
+from .ell import SMALL_BYTES, check_padding, ell_stride, launch_rows
+
+DEFAULT_MAX_FILL = 3.0
+DEFAULT_MAX_DIAGONALS = 512
+ADVICE = "ell, hyb or csr-vector"
+
+
+def _duplicate_rank(rows, cols, n_cols):
+    """For each entry, how many earlier entries share its (row, column): 0 unless
+    duplicated.  Vectorised through a stable sort."""
+    key = rows * max(n_cols, 1) + cols
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    starts = np.ones(key.size, dtype=bool)
+    starts[1:] = sorted_key[1:] != sorted_key[:-1]
+    if starts.all():
+        return None
+    index = np.arange(key.size, dtype=np.int64)
+    run_start = np.maximum.accumulate(np.where(starts, index, 0))
+    rank = np.empty(key.size, dtype=np.int64)
+    rank[order] = index - run_start
+    return rank
+
+
+def dia_diagonals(csr):
+    """``(offsets, diagonal of each entry, row of each entry)``: the occupied diagonals
+    (sorted by offset, then layer) and where every stored entry goes."""
+    m, n = csr.shape
+    lengths = np.diff(csr.indptr)
+    rows = np.repeat(np.arange(m, dtype=np.int64), lengths)
+    cols = csr.indices.astype(np.int64)
+    offset = cols - rows
+    rank = None if csr.nnz < 2 else _duplicate_rank(rows, cols, n)
+    if rank is None:
+        offsets, diag = np.unique(offset, return_inverse=True)
+        return offsets, diag.ravel(), rows
+    layers = int(rank.max()) + 1
+    key = (offset + max(m, 1)) * layers + rank  # non-negative, ordered by (offset, layer)
+    keys, diag = np.unique(key, return_inverse=True)
+    return keys // layers - max(m, 1), diag.ravel(), rows
+
+
+class DIA(SpMVFormat):
+    name = "dia"
+    template = "dia.mako"
+    kernel_name = "dia"
+    param_names = ("work_group_size", "max_fill", "max_diagonals")
+    may_refuse = True
+
+    @classmethod
+    def default_params(cls, features, profile, dtype):
+        wg = 128 if profile.is_gpu else 256
+        return {"work_group_size": min(wg, profile.max_work_group_size),
+                "max_fill": DEFAULT_MAX_FILL, "max_diagonals": DEFAULT_MAX_DIAGONALS}
+
+    def __init__(self, csr, device, dtype, params):
+        params = dict(params)
+        fill = params.get("max_fill")
+        if fill == math.inf:
+            params["max_fill"] = None
+        elif fill is not None and (isinstance(fill, bool) or not isinstance(fill, (int, float))
+                                   or not fill >= 1):
+            raise ValueError(f"dia: max_fill must be a number >= 1 or inf, not {fill!r}")
+        diags = params.get("max_diagonals")
+        if diags is not None and (isinstance(diags, bool) or not isinstance(
+                diags, (int, np.integer)) or diags < 1):
+            raise ValueError(f"dia: max_diagonals must be a positive integer, not {diags!r}")
+        super().__init__(csr, device, dtype, params)
+
+    def _convert(self, csr):
+        m = csr.shape[0]
+        offsets, diag, rows = dia_diagonals(csr)
+        self.n_diags = offsets.size
+        self.stride = ell_stride(m, pow2_floor(max(1, self.profile.simd_width)))
+        slots = self.n_diags * self.stride
+        values = csr.data.astype(self.dtype)
+        self.has_mask = bool(np.any(values == 0))
+        sizes = [slots * self.dtype.itemsize, self.n_diags * self.index_dtype.itemsize]
+        if self.has_mask:
+            sizes.append(-(-slots // 32) * 4)
+        self._check_suits(csr.nnz, m, sum(sizes))
+        check_padding(self.name, slots, csr.nnz, sizes, None, ADVICE, self.profile, "DIA")
+
+        slot = diag * self.stride + rows
+        data = np.zeros(slots, dtype=self.dtype)
+        data[slot] = values
+        arrays = {"offsets": offsets.astype(self.index_dtype), "data": data}
+        if self.has_mask:
+            # Slots are distinct, so summing their bits is OR-ing them (exact in float64).
+            words = np.bincount(slot >> 5, weights=np.left_shift(1, slot & 31).astype(np.float64),
+                                minlength=-(-slots // 32))
+            arrays["mask"] = words.astype(np.uint32)
+        return arrays
+
+    def _check_suits(self, nnz, n_rows, nbytes):
+        if nbytes <= SMALL_BYTES:
+            return
+        max_diags, max_fill = self.params["max_diagonals"], self.params["max_fill"]
+        if max_diags is not None and self.n_diags > max_diags:
+            raise FormatNotSuitableError(
+                f"dia: this matrix does not suit DIA: its {nnz} non-zeros lie on "
+                f"{self.n_diags} diagonals (limit max_diagonals={max_diags}); use {ADVICE}")
+        fill = self.n_diags * n_rows / max(nnz, 1)
+        if max_fill is not None and fill > max_fill:
+            raise FormatNotSuitableError(
+                f"dia: this matrix does not suit DIA: {self.n_diags} diagonals of {n_rows} "
+                f"rows hold {nnz} non-zeros, {fill:.1f} slots per non-zero (limit "
+                f"max_fill={max_fill:g}; {format_bytes(nbytes)}); use {ADVICE}")
+
+    def _template_params(self):
+        return {"has_mask": self.has_mask}
+
+    def _kernel_args(self, x_buf, y_buf, alpha, beta):
+        b = self.buffers
+        mask = (b["mask"],) if self.has_mask else ()
+        return (np.int64(self.shape[0]), np.int64(self.stride), np.int64(self.n_diags),
+                b["offsets"], b["data"], *mask, x_buf, y_buf, alpha, beta)
+
+    def _launch_geometry(self):
+        wg = self.params["work_group_size"]
+        return launch_rows(self.shape[0], wg, wg)

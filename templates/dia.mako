@@ -1,0 +1,37 @@
+<%namespace name="c" file="common.mako"/>
+## DIA (Bell & Garland): one work-item per row; diagonal d of row i at d * stride + i,
+## so a group reads consecutive addresses.  A slot is multiplied only if it holds a
+## stored entry: value != 0 when no stored value is zero, else its bit in `mask`
+## (stored zeros must still turn x's inf/NaN into NaN, padding must not).
+${c.preamble()}
+
+__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
+void dia(const long n_rows,
+         const long stride,
+         const long n_diags,
+         __global const index_t *restrict offsets,
+         __global const real_t *restrict data,
+% if has_mask:
+         __global const uint *restrict mask,
+% endif
+         __global const real_t *restrict x,
+         __global real_t *restrict y,
+         const real_t alpha,
+         const real_t beta)
+{
+    const long row = get_global_id(0);
+    if (row < n_rows) {
+        real_t sum = 0;
+        long slot = row;
+        for (long d = 0; d < n_diags; ++d, slot += stride) {
+            const real_t v = data[slot];
+% if has_mask:
+            if ((mask[slot >> 5] >> (slot & 31)) & 1u)
+% else:
+            if (v != 0)
+% endif
+                sum += v * x[row + offsets[d]];
+        }
+${c.store_y("row", "sum")}
+    }
+}

@@ -1,0 +1,92 @@
+<%namespace name="c" file="common.mako"/>
+## SELL-C-sigma (Kreutzer et al.): slices of C rows, each padded to its own width and
+## stored column-major: slot (row lane, step j) of slice s is slice_ptr[s] + j*C + lane.
+## Padding slots hold column -1 and never multiply x.  With has_perm, sorted position
+## p holds original row perm[p] and the result goes straight to y[perm[p]].
+## Positions past n_rows (the last slice's padding rows) write nothing.
+${c.preamble()}
+<% C = slice_height %>
+#define C ${C}
+
+__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
+void sell(const long n_rows,
+          const long n_slices,
+          __global const index_t *restrict slice_ptr,
+          __global const index_t *restrict col_idx,
+          __global const real_t *restrict values,
+% if has_perm:
+          __global const index_t *restrict perm,
+% endif
+          __global const real_t *restrict x,
+          __global real_t *restrict y,
+          const real_t alpha,
+          const real_t beta)
+{
+% if mapping == "slices":
+    ## One work-item per slice; the lane loops run over consecutive addresses and
+    ## compile to vector loads.  A padding slot reads x[0] (always allocated) and the
+    ## product is discarded by the select, which keeps the loop branch-free.
+    const long slice = get_global_id(0);
+    if (slice >= n_slices)
+        return;
+    real_t sum[C];
+    for (int lane = 0; lane < C; ++lane)
+        sum[lane] = 0;
+    const index_t end = slice_ptr[slice + 1];
+    for (index_t k = slice_ptr[slice]; k < end; k += C) {
+        for (int lane = 0; lane < C; ++lane) {
+            const index_t col = col_idx[k + lane];
+            const real_t product = values[k + lane] * x[col < 0 ? 0 : col];
+            sum[lane] += (col >= 0) ? product : (real_t)0;
+        }
+    }
+    for (int lane = 0; lane < C; ++lane) {
+        const long row = slice * C + lane;
+        if (row < n_rows) {
+            const long out = ${"perm[row]" if has_perm else "row"};
+${c.store_y("out", "sum[lane]")}
+        }
+    }
+% else:
+<% T = threads_per_row %>
+% if T > 1:
+    __local real_t partial[${work_group_size}];
+% endif
+    ## threads_per_row (T) work-items per row: work-item t of a row takes steps
+    ## t, t+T, ...; consecutive work-items (lane fastest, then t) read consecutive slots.
+    const uint lid = get_local_id(0);
+    const uint lane = lid % C;
+% if T > 1:
+    const uint t = (lid / C) % ${T};
+% endif
+    const long slice = (long)get_group_id(0) * ${work_group_size // (C * T)} + lid / ${C * T};
+    real_t sum = 0;
+    if (slice < n_slices) {
+        const index_t end = slice_ptr[slice + 1];
+        for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
+            const index_t col = col_idx[k];
+            if (col >= 0)
+                sum += values[k] * x[col];
+        }
+    }
+% if T > 1:
+    ## Partial sums of a row meet in local memory (barriers, no lock-step assumed).
+    partial[lid] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+% for s in [T >> i for i in range(1, T.bit_length())]:
+    if (t < ${s})
+        partial[lid] = sum = sum + partial[lid + ${s * C}];
+    barrier(CLK_LOCAL_MEM_FENCE);
+% endfor
+    if (t == 0) {
+% else:
+    {
+% endif
+        const long row = slice * C + lane;
+        if (slice < n_slices && row < n_rows) {
+            const long out = ${"perm[row]" if has_perm else "row"};
+${c.store_y("out", "sum")}
+        }
+    }
+% endif
+}
