@@ -59,7 +59,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="cpu")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--formats", default="all")
+    parser.add_argument("--formats", default="all,auto",
+                        help="comma-separated names; 'all' = every format (default all,auto)")
     parser.add_argument("--dtype", default="both")
     parser.add_argument("--peers", default="all")
     parser.add_argument("--repeat", type=int, default=30)
@@ -68,20 +69,25 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     device = get_device(args.device)
-    fmts = formats() if args.formats == "all" else args.formats.split(",")
+    fmts = [f for name in args.formats.split(",")
+            for f in (formats() if name == "all" else [name])]
     dtypes = ["float32", "float64"] if args.dtype == "both" else args.dtype.split(",")
     peers = None if args.peers == "all" else ([] if args.peers == "none"
                                               else args.peers.split(","))
-    env, results = bench.run(suite_specs(args.suite), device, fmts,
-                             [np.dtype(d) for d in dtypes], peers, repeats=args.repeat,
-                             min_time=args.min_time, progress=bench.stderr_progress())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"environment": env, "results": results}, indent=1, default=str) + "\n")
-    table = bench.format_table(env, results)
-    out.with_suffix(".md").write_text(table + "\n")
-    print(table)
+
+    def save(env, results):  # after every matrix, so an interrupted run keeps its data
+        out.with_suffix(".json").write_text(
+            json.dumps({"environment": env, "results": results}, indent=1, default=str) + "\n")
+        out.with_suffix(".md").write_text(bench.format_table(env, results) + "\n")
+
+    env, results = bench.run(suite_specs(args.suite), device, fmts,
+                             [np.dtype(d) for d in dtypes], peers, repeats=args.repeat,
+                             min_time=args.min_time, progress=bench.stderr_progress(),
+                             checkpoint=save)
+    save(env, results)
+    print(bench.format_table(env, results))
 
 
 if __name__ == "__main__":

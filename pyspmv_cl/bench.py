@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from . import codegen
 from .cache import get_program
-from .formats.base import program_kernels
+from .formats.base import launch_kernel, program_kernels, record_launches
 from .matrix import SpMV
 from .peers import available_peers, time_peer
 
@@ -32,10 +32,6 @@ def min_bytes(csr, dtype):
     item = np.dtype(dtype).itemsize
     m, n = csr.shape
     return csr.nnz * (item + 4) + (m + 1) * 4 + n * item + m * item
-
-
-def _event_seconds(event):
-    return (event.profile.end - event.profile.start) * 1e-9
 
 
 def _median_seconds(run_once, queue, warmup, repeats, min_time):
@@ -53,21 +49,16 @@ def _median_seconds(run_once, queue, warmup, repeats, min_time):
     return statistics.median(samples)
 
 
-def _kernel_seconds(queue, enqueue):
-    """Device time of ``enqueue()``'s one kernel, from its profiling event."""
-    event = enqueue()
-    event.wait()
-    return _event_seconds(event)
-
-
-def _marked_seconds(queue, enqueue):
-    """Device time of everything ``enqueue()`` puts on the (in-order) queue, however
-    many kernels: from the end of a marker before it to the end of a marker after."""
-    before = cl.enqueue_marker(queue)
-    enqueue()
-    after = cl.enqueue_marker(queue)
-    after.wait()
-    return (after.profile.end - before.profile.end) * 1e-9
+def _launches_seconds(enqueue):
+    """Device time of the kernels ``enqueue()`` launches, however many: from the start
+    of the first to the end of the last (profiling events; gaps between dependent
+    kernels count, host-side queueing before the first does not)."""
+    with record_launches() as events:
+        enqueue()
+    if not events:
+        return 0.0
+    events[-1].wait()
+    return (events[-1].profile.end - events[0].profile.start) * 1e-9
 
 
 def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
@@ -86,8 +77,7 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
     wg = min(256, profile.max_work_group_size)
     groups = -(-n_vec // wg)
     seconds = _median_seconds(
-        lambda: _kernel_seconds(queue, lambda: cl.enqueue_nd_range_kernel(
-            queue, kernel, (groups * wg,), (wg,))),
+        lambda: _launches_seconds(lambda: launch_kernel(queue, kernel, groups * wg, wg)),
         queue, 3, repeats, min_time)
     return 2 * n_vec * 16 / seconds / 1e9
 
@@ -163,9 +153,9 @@ def _time_operator(op, x_host, repeats, min_time):
     x_dev = cla.to_device(op.queue, x_host)
     y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
     seconds = _median_seconds(
-        lambda: _marked_seconds(op.queue, lambda: op.matvec(x_dev, out=y_dev)),
+        lambda: _launches_seconds(lambda: op.matvec(x_dev, out=y_dev)),
         op.queue, 3, repeats, min_time)
-    wall = statistics.median(_wall_times(lambda: op @ x_host, max(5, repeats // 3)))
+    wall = statistics.median(_wall_times(lambda: op @ x_host, 5))
     return seconds, wall, op @ x_host
 
 
@@ -180,8 +170,9 @@ def _wall_times(fn, count):
 
 
 def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time=0.3,
-        progress=None):
-    """Benchmark every spec; returns (environment dict, results list)."""
+        progress=None, checkpoint=None):
+    """Benchmark every spec; returns (environment dict, results list).  ``checkpoint``
+    (optional) is called with (environment, results so far) after each matrix."""
     from .generators import from_spec
 
     peers = [p for p in available_peers(peer_names) if p.available]
@@ -200,6 +191,8 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
             continue
         results += bench_matrix(name, A, device, formats, dtypes, peers, repeats=repeats,
                                 min_time=min_time, copy_gbps=copy_gbps, progress=progress)
+        if checkpoint:
+            checkpoint(env, results)
     return env, results
 
 

@@ -2,6 +2,8 @@
 allocation checks, device upload and building a kernel whose work-group size the
 device accepts."""
 
+import contextlib
+
 import numpy as np
 import pyopencl as cl
 
@@ -70,6 +72,30 @@ def program_kernels(program, names):
     if missing:
         raise KeyError(f"kernel(s) {missing} not in the program (has {sorted(found)})")
     return {n: found[n] for n in names}
+
+
+_recorders = []
+
+
+def launch_kernel(queue, kernel, global_size, local_size, wait_for=None):
+    """Enqueue a 1-D launch of ``kernel``; every format launches through here so that
+    ``record_launches`` can collect the events of one product (for timing)."""
+    event = cl.enqueue_nd_range_kernel(queue, kernel, (int(global_size),), (int(local_size),),
+                                       wait_for=wait_for)
+    for events in _recorders:
+        events.append(event)
+    return event
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Collect, in a list, the events of every kernel launched inside the block."""
+    events = []
+    _recorders.append(events)
+    try:
+        yield events
+    finally:
+        _recorders.remove(events)
 
 
 def pow2_floor(n):
@@ -204,8 +230,7 @@ class SpMVFormat:
         args = self._kernel_args(x_buf, y_buf, self.dtype.type(alpha), self.dtype.type(beta))
         kernel.set_args(*args)
         global_size, local_size = self._launch_geometry()
-        return cl.enqueue_nd_range_kernel(queue, kernel, (global_size,), (local_size,),
-                                          wait_for=wait_for)
+        return launch_kernel(queue, kernel, global_size, local_size, wait_for=wait_for)
 
     def _kernel_args(self, x_buf, y_buf, alpha, beta):
         raise NotImplementedError

@@ -11,7 +11,7 @@ its COO remainder.
 import numpy as np
 import pyopencl as cl
 
-from .base import SpMVFormat, pow2_floor
+from .base import SpMVFormat, launch_kernel, pow2_floor
 
 LAYOUTS = ("interleaved", "contiguous")
 SCANS = ("tree", "serial")
@@ -154,8 +154,8 @@ class COOPart:
         if self.n_empty and beta != 1:
             k = self.kernels["coo_empty_rows"]
             k.set_args(np.uint64(self.n_empty), b["empty_rows"], y_buf, beta)
-            event = cl.enqueue_nd_range_kernel(queue, k, (_round_up(self.n_empty),),
-                                               (AUX_WORK_GROUP_SIZE,), wait_for=events)
+            event = launch_kernel(queue, k, _round_up(self.n_empty), AUX_WORK_GROUP_SIZE,
+                                 wait_for=events)
             events = [event]
         if self.nnz:
             wg = self.params["work_group_size"]
@@ -163,14 +163,13 @@ class COOPart:
             k.set_args(self.pos_dtype.type(self.nnz), self.owner.index_dtype.type(self.n_rows),
                        b["rows"], b["cols"], b["values"], x_buf, y_buf,
                        self.carry_rows, self.carry_values, alpha, beta)
-            event = cl.enqueue_nd_range_kernel(queue, k, (self.n_groups * wg,), (wg,),
-                                               wait_for=events)
+            event = launch_kernel(queue, k, self.n_groups * wg, wg, wait_for=events)
             n_carries = 2 * self.n_groups
             k = self.kernels["coo_carries"]
             k.set_args(np.uint64(n_carries), self.carry_rows, self.carry_values, y_buf,
                        alpha, beta)
-            event = cl.enqueue_nd_range_kernel(queue, k, (_round_up(n_carries),),
-                                               (AUX_WORK_GROUP_SIZE,), wait_for=[event])
+            event = launch_kernel(queue, k, _round_up(n_carries), AUX_WORK_GROUP_SIZE,
+                                 wait_for=[event])
         return event
 
 

@@ -50,9 +50,18 @@ def t_candidates(profile):
     return tuple(1 << k for k in range(max_t(profile).bit_length()))
 
 
+# GPU drivers compile this kernel for at most 256 work-items (CL_KERNEL_WORK_GROUP_SIZE
+# on an H100 through NVIDIA's OpenCL), so the model only weighs block sizes that run.
+GPU_MAX_BLOCK = 256
+
+
 def block_size_candidates(profile):
-    fitting = tuple(bs for bs in DEFAULT_BLOCK_SIZES if bs <= profile.max_work_group_size)
-    return fitting or (pow2_floor(profile.max_work_group_size),)
+    """The paper's block sizes that this device runs the kernel with."""
+    cap = profile.max_work_group_size
+    if profile.is_gpu:
+        cap = min(cap, GPU_MAX_BLOCK)
+    fitting = tuple(bs for bs in DEFAULT_BLOCK_SIZES if bs <= cap)
+    return fitting or (pow2_floor(cap),)
 
 
 def ellrt_arrays(csr, t, row_align, index_dtype, dtype):

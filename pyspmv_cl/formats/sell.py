@@ -103,9 +103,14 @@ def default_threads_per_row(features, profile, slice_height):
     threads = 1
     while (threads < THREADS_PER_ROW[-1] and features.n_rows * threads < target
            and features.mean_row_length >= 8 * threads
-           and 2 * threads * slice_height <= profile.max_work_group_size):
+           and 2 * threads * slice_height <= min(MAX_DEFAULT_GROUP, profile.max_work_group_size)):
         threads *= 2
     return threads
+
+
+# Default groups stay at or under 256 work-items: NVIDIA's OpenCL compiles these
+# kernels for at most 256 (CL_KERNEL_WORK_GROUP_SIZE on an H100).
+MAX_DEFAULT_GROUP = 256
 
 
 class SELL(SpMVFormat):
@@ -140,8 +145,12 @@ class SELL(SpMVFormat):
         given = {k for k, v in user_params.items() if v is not None}
         C, mapping = params["slice_height"], params["mapping"]
         if "threads_per_row" not in given and C in SLICE_HEIGHTS:
-            params["threads_per_row"] = (1 if mapping == "slices" else
-                                         default_threads_per_row(features, profile, C))
+            T = 1 if mapping == "slices" else default_threads_per_row(features, profile, C)
+            wg = params["work_group_size"]
+            if "work_group_size" in given and _is_int(wg):
+                while T > 1 and wg % (C * T):  # whole rows of T work-items per group
+                    T //= 2
+            params["threads_per_row"] = T
         T = params["threads_per_row"]
         if ("work_group_size" not in given and mapping == "rows" and C in SLICE_HEIGHTS
                 and T in THREADS_PER_ROW):

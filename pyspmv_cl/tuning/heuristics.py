@@ -1,24 +1,46 @@
-"""The format choice for ``format="auto"`` until the measuring tuner lands: a rule
-over row-length statistics and the device type.
+"""The format choice for ``format="auto"`` until the measuring tuner lands: rules over
+row-length statistics and the device type, read off the benchmark runs recorded in
+BENCHMARKS.md (an H100 through NVIDIA's OpenCL; PoCL on a 2-core CPU).
 
-Measured on an H100 through NVIDIA's OpenCL (BENCHMARKS.md): one work-item per row
-(csr-scalar) wins on regular rows, even 20 long, because neighbouring rows share cache
-lines of x; a group per row (csr-vector) wins once rows are long (mean >= 32) or very
-uneven (coefficient of variation >= 1.5), where one slow row would stall a warp.  On
-CPUs (PoCL) csr-scalar streams rows without the barrier costs of csr-vector.
+GPUs:
+- few diagonals with little padding (stencils): ``dia`` reads no column indices;
+- very skewed rows (power-law graphs, a few dense rows): ``coo`` splits the work by
+  non-zeros, so no single row serialises a warp (the CSR kernels were 40-100x slower);
+- long (mean >= 32) or uneven (std/mean >= 1.5) rows: ``csr-vector``;
+- otherwise ``csr-scalar``: neighbouring rows share x's cache lines.
+
+CPUs: ``sell`` (one work-item walks a slice of SIMD-width rows, vectorised), unless one
+slice holding the longest row would be a large share of a thread's work; then
+``csr-scalar``.
 """
 
 LONG_ROWS = 32.0
 UNEVEN_ROWS = 1.5
+DIA_MAX_DIAGONALS = 64
+DIA_MAX_FILL = 1.5
+SKEWED_ROW_FACTOR = 16      # longest row >= this many times the mean ...
+SKEWED_ROW_MIN = 256        # ... and at least this long
+CPU_SLICE_SHARE = 1.0       # C * longest row / (nnz per compute unit)
 
 
 def choose_format(features, profile, dtype):
     """Return (format name, explanation)."""
-    mean = features.mean_row_length
-    spread = features.std_row_length / mean if mean > 0 else 0.0
+    mean, longest = features.mean_row_length, features.max_row_length
+    spread = features.row_spread
     if profile.is_cpu:
-        return ("csr-scalar",
-                "CPU device: one work-item streaming each row avoids barrier costs")
+        per_unit = features.nnz / max(1, profile.compute_units)
+        share = profile.lanes(dtype) * longest / per_unit if per_unit else 0.0
+        if share > CPU_SLICE_SHARE:
+            return ("csr-scalar", f"CPU: the longest row ({longest}) would make one sell "
+                                  "slice a large share of a thread's work")
+        return ("sell", "CPU: slices of SIMD-width rows walked by one vectorised work-item")
+    if features.diagonals >= 0 and features.diagonals <= DIA_MAX_DIAGONALS \
+            and features.diagonal_fill <= DIA_MAX_FILL:
+        return ("dia", f"{features.diagonals} diagonals, {features.diagonal_fill:.2f} slots "
+                       "per non-zero: no column indices to read")
+    if longest >= max(SKEWED_ROW_MIN, SKEWED_ROW_FACTOR * mean):
+        return ("coo", f"skewed rows (longest {longest}, mean {mean:.1f}): chunks of "
+                       "non-zeros balance the work")
     if mean >= LONG_ROWS:
         return ("csr-vector", f"mean row length {mean:.1f} fills a group of work-items per row")
     if spread >= UNEVEN_ROWS and mean >= 2:

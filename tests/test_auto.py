@@ -1,0 +1,53 @@
+"""format="auto": the rule picks the expected format where the answer is clear (through
+GPU- and CPU-shaped profiles), explains itself, and stays correct on every edge case."""
+
+import numpy as np
+import pytest
+from conftest import DTYPES, poisoned, skip_without_fp64
+from matrix_cases import CASES, check_against_scipy
+
+import pyspmv_cl as psc
+from pyspmv_cl import generators
+
+GPU = dict(device_type="gpu", simd_width=32, compute_units=80)
+CPU = dict(device_type="cpu", compute_units=2)
+
+CHOICES = [
+    # (matrix builder, profile, expected format)
+    (lambda: generators.poisson2d(60), GPU, "dia"),
+    (lambda: generators.banded(3000, 3), GPU, "dia"),
+    (lambda: generators.power_law(20000, 8, seed=3), GPU, "coo"),
+    (lambda: generators.dense_rows(20000, 2, 8), GPU, "coo"),
+    (lambda: generators.random_uniform(5000, 5000, 6, seed=1), GPU, "csr-scalar"),
+    (lambda: generators.random_uniform(2000, 4000, 40, seed=2), GPU, "csr-vector"),
+    (lambda: generators.poisson2d(60), CPU, "sell"),
+    (lambda: generators.power_law(500000, 8, seed=3), CPU, "sell"),
+    (lambda: generators.dense_rows(20000, 2, 8), CPU, "csr-scalar"),
+]
+
+
+def check(op, A, rng, dtype):
+    x = rng.standard_normal(A.shape[1])
+    y = op.matvec(x, out=poisoned(A.shape[0], dtype))
+    check_against_scipy(y, A, x, dtype)
+
+
+@pytest.mark.parametrize("case", range(len(CHOICES)))
+def test_choice(case, device, rng):
+    build, override, expected = CHOICES[case]
+    A = build()
+    op = psc.SpMV(A, format="auto", dtype=np.float32, device=device.override(**override))
+    assert op.format == expected, op.explanation
+    assert op.explanation and op.explanation != "format chosen by the caller"
+    check(op, A, rng, np.float32)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_edge_cases(case, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    A = CASES[case](rng)
+    for dev in (device, device.override(**GPU)):
+        op = psc.SpMV(A, format="auto", dtype=dtype, device=dev)
+        assert op.format in psc.formats()
+        check(op, A, rng, dtype)
