@@ -33,10 +33,10 @@ SUITES = {
     },
     # GPUs: tens of millions of non-zeros, shared matrices replicated to fill the device.
     "gpu": {
-        "generated": ["poisson2d:4000", "poisson3d:250", "random:5000000,10",
-                      "powerlaw:4000000,8", "rmat:22,16", "banded:10000000,5",
-                      "denserows:4000000,4"],
-        "shared": [(name, 64) for name in SHARED],
+        "generated": ["poisson2d:3000", "poisson3d:200", "random:3000000,10",
+                      "powerlaw:2000000,8", "rmat:21,16", "banded:5000000,5",
+                      "denserows:2000000,4"],
+        "shared": [(name, 32) for name in SHARED],
     },
     # A quick smoke run.
     "quick": {"generated": ["poisson2d:300", "powerlaw:50000,8"], "shared": []},
