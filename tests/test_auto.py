@@ -10,15 +10,15 @@ import pyspmv_cl as psc
 from pyspmv_cl import generators
 
 GPU = dict(device_type="gpu", simd_width=32, compute_units=80)
-CPU = dict(device_type="cpu", compute_units=2)
+CPU = dict(device_type="cpu", compute_units=2, vector_lanes_float32=8, vector_lanes_float64=4)
 
 CHOICES = [
     # (matrix builder, profile, expected format)
     (lambda: generators.poisson2d(60), GPU, "dia"),
     (lambda: generators.banded(3000, 3), GPU, "dia"),
-    (lambda: generators.power_law(20000, 8, seed=3), GPU, "coo"),
+    (lambda: generators.power_law(100000, 8, seed=3), GPU, "coo"),
     (lambda: generators.dense_rows(20000, 2, 8), GPU, "coo"),
-    (lambda: generators.random_uniform(5000, 5000, 6, seed=1), GPU, "csr-scalar"),
+    (lambda: generators.random_uniform(5000, 5000, 6, seed=1), GPU, "sell"),
     (lambda: generators.random_uniform(2000, 4000, 40, seed=2), GPU, "csr-vector"),
     (lambda: generators.poisson2d(60), CPU, "sell"),
     (lambda: generators.power_law(500000, 8, seed=3), CPU, "sell"),

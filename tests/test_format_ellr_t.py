@@ -176,7 +176,8 @@ def test_partial_parameters_completed_by_the_model(device, rng):
     op = psc.SpMV(A, format="ellr-t", device=dev, dtype=np.float32, T=16)
     assert op.params["T"] == 16
     assert op.params["work_group_size"] == ellrt_model(
-        lengths, p.compute_units, 32, t_values=(16,), overhead=MODEL_OVERHEAD)[0]
+        lengths, p.compute_units, 32, t_values=(16,), block_sizes=block_size_candidates(p),
+        overhead=MODEL_OVERHEAD)[0]
     op = psc.SpMV(A, format="ellr-t", device=dev, dtype=np.float32, work_group_size=96)
     assert op.params["work_group_size"] == 96
     assert op.params["T"] == ellrt_model(lengths, p.compute_units, 32, block_sizes=(96,),

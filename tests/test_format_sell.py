@@ -116,8 +116,14 @@ def test_threads_per_row(T, dtype, device, rng):
         wg = C * T * wg_factor
         if wg > device.profile.max_work_group_size:
             continue
-        op = psc.SpMV(A, format="sell", dtype=dtype, device=device, slice_height=C,
-                      mapping="rows", threads_per_row=T, work_group_size=wg, sigma=sigma)
+        try:
+            op = psc.SpMV(A, format="sell", dtype=dtype, device=device, slice_height=C,
+                          mapping="rows", threads_per_row=T, work_group_size=wg, sigma=sigma)
+        except RuntimeError as exc:
+            # A driver may compile the kernel for fewer work-items than C * T (NVIDIA:
+            # 256): asking for more explicitly is refused, saying so.
+            assert wg > 256 and "allows work-groups of at most" in str(exc)
+            continue
         assert op.params["threads_per_row"] == T
         assert op.params["work_group_size"] % (C * T) == 0
         check_all(op, A, dtype, rng)

@@ -143,6 +143,11 @@ class SELL(SpMVFormat):
         that setting one parameter never makes the others inconsistent."""
         params = super().resolve_params(features, profile, dtype, user_params)
         given = {k for k, v in user_params.items() if v is not None}
+        T = params["threads_per_row"]
+        if ("slice_height" not in given and "threads_per_row" in given and _is_int(T)
+                and params["mapping"] == "rows"):
+            while params["slice_height"] > 1 and params["slice_height"] * T > MAX_DEFAULT_GROUP:
+                params["slice_height"] //= 2  # a slice's C * T work-items must fit a group
         C, mapping = params["slice_height"], params["mapping"]
         if "threads_per_row" not in given and C in SLICE_HEIGHTS:
             T = 1 if mapping == "slices" else default_threads_per_row(features, profile, C)
