@@ -123,7 +123,10 @@ class SELL(SpMVFormat):
     def default_params(cls, features, profile, dtype):
         # C = the SIMD width: a warp/wavefront covers one slice on GPUs, one vector
         # register holds a slice's column on CPUs (lanes of this dtype).
-        C = min(SLICE_HEIGHTS[-1], pow2_floor(profile.lanes(dtype)))
+        # ... and no more rows than a work-group holds (the "rows" mapping runs a slice
+        # per group at least).
+        C = min(SLICE_HEIGHTS[-1], pow2_floor(profile.lanes(dtype)),
+                pow2_floor(profile.max_work_group_size))
         if profile.is_cpu:
             # 64 slices per group: PoCL runs a group as one loop on one thread, which
             # then streams 64 * C consecutive rows of the arrays.
