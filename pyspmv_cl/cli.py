@@ -51,7 +51,8 @@ def _cmd_bench(args):
         print(GENERATOR_HELP)
         return 0
     device = get_device(args.device)
-    formats = list(FORMATS) if args.formats == "all" else _split(args.formats)
+    formats = [f for name in _split(args.formats)
+               for f in (list(FORMATS) if name == "all" else [name])]
     unknown = [f for f in formats if f not in FORMATS and f != "auto"]
     if unknown:
         print(f"unknown format(s) {unknown}; available: {', '.join(FORMATS)}, auto, all",
@@ -97,8 +98,9 @@ def build_parser():
                     "See --list-generators for the matrix specs.")
     p.add_argument("matrices", nargs="*",
                    help=f"matrix specs or .mtx(.gz) files (default: {' '.join(DEFAULT_SPECS)})")
-    p.add_argument("--formats", default="all",
-                   help="comma-separated format names, 'auto', or 'all' (default)")
+    p.add_argument("--formats", default="all,auto",
+                   help="comma-separated format names, 'auto', 'all' (every format); "
+                        "default all,auto")
     p.add_argument("--dtype", default="both", help="float32, float64 or both (default)")
     p.add_argument("--device", default=None,
                    help="device selection (e.g. 0:1, cpu, gpu, pocl); default as the library")

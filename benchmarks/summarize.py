@@ -1,0 +1,51 @@
+"""Turn a results JSON of run_suite.py into the compact tables of BENCHMARKS.md:
+one row per matrix, one column per implementation (kernel microseconds), the format
+``auto`` chose, and the geometric-mean summary.
+
+    python benchmarks/summarize.py benchmarks/results/cpu-pocl31-2core.json
+"""
+
+import json
+import sys
+
+from pyspmv_cl.bench import format_table, summary_lines
+
+ORDER = ["csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb", "auto",
+         "scipy", "torch-csr", "mkl", "cusparse"]
+
+
+def pivot(results, dtype):
+    rows = [r for r in results if "seconds" in r and r["dtype"] == dtype]
+    impls = [i for i in ORDER if any(r["impl"] == i for r in rows)]
+    matrices = list(dict.fromkeys(r["matrix"] for r in rows))
+    out = [f"| matrix ({dtype}, µs) | nnz | " + " | ".join(impls) + " | auto chose |",
+           "|---|---:|" + "---:|" * len(impls) + "---|"]
+    for m in matrices:
+        t = {r["impl"]: r for r in rows if r["matrix"] == m}
+        best = min(v["seconds"] for k, v in t.items() if v.get("kind") == "pyspmv_cl")
+        cells = []
+        for i in impls:
+            if i not in t:
+                cells.append("–")
+                continue
+            us = f"{t[i]['seconds'] * 1e6:.0f}"
+            cells.append(f"**{us}**" if t[i]["seconds"] == best else us)
+        nnz = next(iter(t.values()))["nnz"]
+        chose = t.get("auto", {}).get("format", "")
+        out.append(f"| {m} | {nnz} | " + " | ".join(cells) + f" | {chose} |")
+    return "\n".join(out)
+
+
+def main(path):
+    data = json.load(open(path))
+    results = data["results"]
+    print("\n\n".join(pivot(results, dt) for dt in ("float32", "float64")))
+    print()
+    print("\n".join(summary_lines(results)))
+    full = path.rsplit(".", 1)[0] + ".md"
+    with open(full, "w") as fh:
+        fh.write(format_table(data["environment"], results) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
