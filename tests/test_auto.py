@@ -9,6 +9,18 @@ from matrix_cases import CASES, check_against_scipy
 import pyspmv_cl as psc
 from pyspmv_cl import generators
 
+
+def very_uneven():
+    """Mostly 4-entry rows and every 50th row of 500 (std/mean > 3, longest < 4096)."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(5)
+    lengths = np.where(np.arange(5000) % 50 == 0, 500, 4)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    cols = rng.integers(0, 3000, indptr[-1])
+    return sp.csr_matrix((rng.standard_normal(indptr[-1]), cols, indptr), shape=(5000, 3000))
+
+
 GPU = dict(device_type="gpu", simd_width=32, compute_units=80)
 CPU = dict(device_type="cpu", compute_units=2, vector_lanes_float32=8, vector_lanes_float64=4)
 
@@ -20,6 +32,7 @@ CHOICES = [
     (lambda: generators.dense_rows(20000, 2, 8), GPU, "coo"),
     (lambda: generators.random_uniform(5000, 5000, 6, seed=1), GPU, "sell"),
     (lambda: generators.random_uniform(2000, 4000, 40, seed=2), GPU, "csr-vector"),
+    (lambda: very_uneven(), GPU, "csr-vector"),
     (lambda: generators.poisson2d(60), CPU, "sell"),
     (lambda: generators.power_law(500000, 8, seed=3), CPU, "sell"),
     (lambda: generators.dense_rows(20000, 2, 8), CPU, "csr-scalar"),

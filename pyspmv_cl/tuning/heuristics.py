@@ -6,7 +6,9 @@ GPUs:
 - few diagonals with little padding (stencils): ``dia`` reads no column indices;
 - very skewed rows (power-law graphs, a few dense rows): ``coo`` splits the work by
   non-zeros, so no single row serialises a warp (the CSR kernels were 40-100x slower);
-- long rows (mean >= 32): ``csr-vector``, a group of work-items per row;
+- long rows (mean >= 32) or very uneven ones (std/mean >= 3, circuit matrices):
+  ``csr-vector``, a group of work-items per row (rajat01: 2.5x cuSPARSE, while sell
+  padded its slices to 0.6x);
 - otherwise ``sell``: as fast as csr-scalar or faster on every regular matrix measured
   (2x on random columns in float64), its sorting absorbing moderately uneven rows.
 
@@ -16,6 +18,7 @@ slice holding the longest row would be a large share of a thread's work; then
 """
 
 LONG_ROWS = 32.0
+VERY_UNEVEN_ROWS = 3.0
 DIA_MAX_DIAGONALS = 64
 DIA_MAX_FILL = 1.5
 SKEWED_ROW_FACTOR = 16      # longest row >= this many times the mean ...
@@ -43,5 +46,8 @@ def choose_format(features, profile, dtype):
                        "non-zeros balance the work")
     if mean >= LONG_ROWS:
         return ("csr-vector", f"mean row length {mean:.1f} fills a group of work-items per row")
+    if spread >= VERY_UNEVEN_ROWS:
+        return ("csr-vector", f"very uneven rows (std/mean {spread:.1f}): a group of "
+                              "work-items per row")
     return ("sell", f"rows of mean {mean:.1f} (std/mean {spread:.1f}): slices of "
                     "warp-width rows, sorted by length where that saves padding")
