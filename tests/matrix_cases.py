@@ -266,3 +266,38 @@ def check_against_scipy(y, A, x, dtype, alpha=1.0, beta=0.0, y0=None):
 
     y_ref = reference(sp.csr_matrix(A, dtype=np.float64, copy=True), x, alpha, beta, y0)
     assert_close(y, y_ref, magnitudes(A), x, dtype)
+
+
+def check_all(op, A, dtype, rng):
+    """The operator against scipy: beta == 0 into a NaN-poisoned out, beta != 0,
+    beta == 1 (accumulate), alpha == 0, and device-resident vectors."""
+    import pyopencl.array as cla
+    from conftest import poisoned
+
+    m, n = A.shape
+    x = rng.standard_normal(n)
+    check_against_scipy(op.matvec(x, out=poisoned(m, dtype)), A, x, dtype)
+    for alpha, beta in ((-1.5, 0.75), (2.0, 1.0), (0.0, -3.0)):
+        y0 = rng.standard_normal(m).astype(dtype)
+        y = op.matvec(x, out=y0.copy(), alpha=alpha, beta=beta)
+        check_against_scipy(y, A, x, dtype, alpha, beta, y0)
+    x = rng.standard_normal(n)
+    x_d = cla.to_device(op.queue, x.astype(dtype))
+    y_d = op.matvec(x_d, out=cla.to_device(op.queue, poisoned(m, dtype)), alpha=0.5)
+    check_against_scipy(y_d.get(), A, x, dtype, 0.5)
+
+
+def read_back(op, types=None, sizes=None):
+    """The operator's device arrays as numpy arrays: ``values`` in the value type, the
+    rest in the index type unless ``types`` names another; ``sizes`` trims arrays."""
+    import pyopencl as cl
+
+    impl = op._impl
+    types = dict(types or {})
+    out = {}
+    for name, buf in impl.buffers.items():
+        dtype = np.dtype(types.get(name, impl.dtype if name == "values" else impl.index_dtype))
+        host = np.empty(buf.size // dtype.itemsize, dtype=dtype)
+        cl.enqueue_copy(op.queue, host, buf)
+        out[name] = host[:(sizes or {}).get(name, host.size)]
+    return out

@@ -5,11 +5,10 @@ scans, 64-bit chunk positions, determinism, GPU-shaped profiles, beta == 1 (the 
 accumulation), footprint and parameter validation."""
 
 import numpy as np
-import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DTYPES, poisoned, skip_without_fp64
-from matrix_cases import check_against_scipy, csr_from_row_lengths
+from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats.coo import CPU_ITEMS, default_coo_params
@@ -37,21 +36,6 @@ def coo_op(A, dtype, device, geometry=None, **kw):
         assert (op.params["work_group_size"], op.params["items_per_thread"],
                 op.params["layout"], op.params["scan"]) == geometry
     return op
-
-
-def check_all(op, A, dtype, rng):
-    """beta == 0 into a NaN-poisoned out, beta != 0, beta == 1, and device vectors."""
-    m, n = A.shape
-    x = rng.standard_normal(n)
-    check_against_scipy(op.matvec(x, out=poisoned(m, dtype)), A, x, dtype)
-    for alpha, beta in ((-1.5, 0.75), (2.0, 1.0)):
-        y0 = rng.standard_normal(m).astype(dtype)
-        y = op.matvec(x, out=y0.copy(), alpha=alpha, beta=beta)
-        check_against_scipy(y, A, x, dtype, alpha, beta, y0)
-    x = rng.standard_normal(n)
-    x_d = cla.to_device(op.queue, x.astype(dtype))
-    y_d = op.matvec(x_d, out=cla.to_device(op.queue, poisoned(m, dtype)), alpha=0.5)
-    check_against_scipy(y_d.get(), A, x, dtype, 0.5)
 
 
 def n_groups(op):

@@ -6,12 +6,11 @@ many diagonals, too much fill) with their numbers, work-group sizes and GPU-shap
 profiles, footprint and parameter validation."""
 
 import numpy as np
-import pyopencl as cl
-import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DTYPES, poisoned, skip_without_fp64
-from matrix_cases import CASES, check_against_scipy
+from matrix_cases import CASES, check_against_scipy, check_all
+from matrix_cases import read_back as shared_read_back
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats.dia import DEFAULT_MAX_DIAGONALS, dia_diagonals
@@ -23,29 +22,8 @@ PROFILES = {"native": {}, "simd32": dict(simd_width=32),
 NO_LIMITS = dict(max_fill=float("inf"), max_diagonals=10**9)
 
 
-def check_all(op, A, dtype, rng):
-    """beta == 0 into a NaN-poisoned out, beta != 0, and device-resident vectors."""
-    m, n = A.shape
-    x = rng.standard_normal(n)
-    check_against_scipy(op.matvec(x, out=poisoned(m, dtype)), A, x, dtype)
-    y0 = rng.standard_normal(m).astype(dtype)
-    y = op.matvec(x, out=y0.copy(), alpha=-1.5, beta=0.75)
-    check_against_scipy(y, A, x, dtype, -1.5, 0.75, y0)
-    x = rng.standard_normal(n)
-    y_d = op.matvec(cla.to_device(op.queue, x.astype(dtype)),
-                    out=cla.to_device(op.queue, poisoned(m, dtype)), alpha=0.5)
-    check_against_scipy(y_d.get(), A, x, dtype, 0.5)
-
-
 def read_back(op):
-    impl = op._impl
-    types = {"data": impl.dtype, "offsets": impl.index_dtype, "mask": np.dtype(np.uint32)}
-    out = {}
-    for name, buf in impl.buffers.items():
-        host = np.empty(buf.size // types[name].itemsize, dtype=types[name])
-        cl.enqueue_copy(op.queue, host, buf)
-        out[name] = host
-    return out
+    return shared_read_back(op, types={"data": op._impl.dtype, "mask": np.uint32})
 
 
 def stencil_2d(k):

@@ -5,12 +5,11 @@ padding that must not touch x (Inf/NaN), refusals with their numbers and the 1 M
 floor, stencils/banded matrices accepted, footprint and parameter validation."""
 
 import numpy as np
-import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DTYPES, poisoned, skip_without_fp64
-from matrix_cases import CASES, check_against_scipy, csr_from_row_lengths
+from matrix_cases import CASES, check_against_scipy, check_all, csr_from_row_lengths, read_back
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats.ell import ELL, SMALL_BYTES, ell_arrays, ell_stride
@@ -19,31 +18,6 @@ from pyspmv_cl.tuning import MatrixFeatures
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 PROFILES = {"native": {}, "simd32": dict(simd_width=32),
             "gpu64": dict(simd_width=64, device_type="gpu")}
-
-
-def check_all(op, A, dtype, rng):
-    """beta == 0 into a NaN-poisoned out, beta != 0, and device-resident vectors."""
-    m, n = A.shape
-    x = rng.standard_normal(n)
-    check_against_scipy(op.matvec(x, out=poisoned(m, dtype)), A, x, dtype)
-    y0 = rng.standard_normal(m).astype(dtype)
-    y = op.matvec(x, out=y0.copy(), alpha=-1.5, beta=0.75)
-    check_against_scipy(y, A, x, dtype, -1.5, 0.75, y0)
-    x = rng.standard_normal(n)
-    y_d = op.matvec(cla.to_device(op.queue, x.astype(dtype)),
-                    out=cla.to_device(op.queue, poisoned(m, dtype)), alpha=0.5)
-    check_against_scipy(y_d.get(), A, x, dtype, 0.5)
-
-
-def read_back(op):
-    impl = op._impl
-    out = {}
-    for name, buf in impl.buffers.items():
-        dtype = impl.dtype if name == "values" else impl.index_dtype
-        host = np.empty(buf.size // dtype.itemsize, dtype=dtype)
-        cl.enqueue_copy(op.queue, host, buf)
-        out[name] = host
-    return out
 
 
 def poisson_2d(k):

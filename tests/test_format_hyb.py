@@ -4,32 +4,16 @@ the split itself; NaN/Inf in x with rows shorter than K (ELL padding never multi
 beta == 0 / 1 / other; GPU-shaped profiles; footprint; parameter validation."""
 
 import numpy as np
-import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DTYPES, poisoned, skip_without_fp64
-from matrix_cases import CASES, check_against_scipy, csr_from_row_lengths
+from matrix_cases import CASES, check_against_scipy, check_all, csr_from_row_lengths
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats.hyb import BREAKEVEN_THRESHOLD, RELATIVE_SPEED, hyb_width, split_csr
 
 pytestmark = pytest.mark.skipif("hyb" not in psc.formats(), reason="no hyb format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-
-
-def check_all(op, A, dtype, rng):
-    """beta == 0 into a NaN-poisoned out, beta != 0, beta == 1, and device vectors."""
-    m, n = A.shape
-    x = rng.standard_normal(n)
-    check_against_scipy(op.matvec(x, out=poisoned(m, dtype)), A, x, dtype)
-    for alpha, beta in ((-1.5, 0.75), (2.0, 1.0), (0.0, -3.0)):
-        y0 = rng.standard_normal(m).astype(dtype)
-        y = op.matvec(x, out=y0.copy(), alpha=alpha, beta=beta)
-        check_against_scipy(y, A, x, dtype, alpha, beta, y0)
-    x = rng.standard_normal(n)
-    x_d = cla.to_device(op.queue, x.astype(dtype))
-    y_d = op.matvec(x_d, out=cla.to_device(op.queue, poisoned(m, dtype)), alpha=0.5)
-    check_against_scipy(y_d.get(), A, x, dtype, 0.5)
 
 
 def cusp_width(lengths, relative_speed=RELATIVE_SPEED, threshold=BREAKEVEN_THRESHOLD):

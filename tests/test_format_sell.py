@@ -5,12 +5,11 @@ padding that must not touch x (Inf/NaN in x[0]), empty rows everywhere, m not a
 multiple of C, nnz == 0, automatic σ, 32/64-bit slots, footprint and validation."""
 
 import numpy as np
-import pyopencl as cl
-import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DTYPES, poisoned, skip_without_fp64
-from matrix_cases import check_against_scipy, csr_from_row_lengths
+from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths
+from matrix_cases import read_back as shared_read_back
 
 import pyspmv_cl as psc
 from pyspmv_cl.errors import IndexOverflowError
@@ -47,31 +46,9 @@ def sigma_value(name, C):
     return {"1": 1, "C": C, "8C": 8 * C, "all": "all"}[name]
 
 
-def check_all(op, A, dtype, rng):
-    """beta == 0 into a NaN-poisoned out, beta != 0, and device-resident vectors."""
-    m, n = A.shape
-    x = rng.standard_normal(n)
-    check_against_scipy(op.matvec(x, out=poisoned(m, dtype)), A, x, dtype)
-    y0 = rng.standard_normal(m).astype(dtype)
-    y = op.matvec(x, out=y0.copy(), alpha=-1.5, beta=0.75)
-    check_against_scipy(y, A, x, dtype, -1.5, 0.75, y0)
-    x = rng.standard_normal(n)
-    x_d = cla.to_device(op.queue, x.astype(dtype))
-    y_d = op.matvec(x_d, out=cla.to_device(op.queue, poisoned(m, dtype)), alpha=0.5)
-    check_against_scipy(y_d.get(), A, x, dtype, 0.5)
-
-
 def read_back(op):
     """The device arrays of a sell operator, as numpy arrays."""
-    impl = op._impl
-    sizes = {"slice_ptr": impl.n_slices + 1}
-    out = {}
-    for name, buf in impl.buffers.items():
-        dtype = impl.dtype if name == "values" else impl.index_dtype
-        host = np.empty(buf.size // dtype.itemsize, dtype=dtype)
-        cl.enqueue_copy(op.queue, host, buf)
-        out[name] = host[:sizes.get(name, host.size)]
-    return out
+    return shared_read_back(op, sizes={"slice_ptr": op._impl.n_slices + 1})
 
 
 def expected_nbytes(A, C, sigma, dtype, index_bytes, has_perm):
