@@ -98,6 +98,13 @@ def record_launches():
         _recorders.remove(events)
 
 
+def row_per_item_work_group_size(profile):
+    """Default group size of the kernels with one work-item per row: a few warps per
+    group on GPUs; larger groups on CPUs, where PoCL runs a group as a loop on one
+    thread and a bigger one amortises the per-group overhead."""
+    return min(128 if profile.is_gpu else 256, profile.max_work_group_size)
+
+
 def pow2_floor(n):
     return 1 << (int(n).bit_length() - 1) if n >= 1 else 1
 

@@ -2,6 +2,7 @@
 
 Best for short rows and on CPUs, where one work-item streams a whole row."""
 
+from .base import row_per_item_work_group_size
 from .csr_common import CSRFormatBase
 
 
@@ -13,10 +14,7 @@ class CSRScalar(CSRFormatBase):
 
     @classmethod
     def default_params(cls, features, profile, dtype):
-        # GPUs: a few warps per group.  CPUs (PoCL): groups are loops on one thread,
-        # so a larger group amortises the per-group overhead.
-        wg = 128 if profile.is_gpu else 256
-        return {"work_group_size": min(wg, profile.max_work_group_size)}
+        return {"work_group_size": row_per_item_work_group_size(profile)}
 
     def _launch_geometry(self):
         wg = self.params["work_group_size"]

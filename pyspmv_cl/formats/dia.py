@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..errors import FormatNotSuitableError
-from .base import SpMVFormat, format_bytes, pow2_floor
+from .base import SpMVFormat, format_bytes, pow2_floor, row_per_item_work_group_size
 from .ell import SMALL_BYTES, check_padding, ell_stride, launch_rows
 
 DEFAULT_MAX_FILL = 3.0
@@ -75,8 +75,7 @@ class DIA(SpMVFormat):
 
     @classmethod
     def default_params(cls, features, profile, dtype):
-        wg = 128 if profile.is_gpu else 256
-        return {"work_group_size": min(wg, profile.max_work_group_size),
+        return {"work_group_size": row_per_item_work_group_size(profile),
                 "max_fill": DEFAULT_MAX_FILL, "max_diagonals": DEFAULT_MAX_DIAGONALS}
 
     def __init__(self, csr, device, dtype, params):

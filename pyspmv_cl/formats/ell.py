@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from ..errors import FormatNotSuitableError
-from .base import SpMVFormat, format_bytes, pow2_floor
+from .base import SpMVFormat, format_bytes, pow2_floor, row_per_item_work_group_size
 
 DEFAULT_MAX_PADDING = 20.0
 # Arrays this small are always accepted, whatever their padding ratio: tiny or odd
@@ -118,10 +118,7 @@ class ELL(SpMVFormat):
 
     @classmethod
     def default_params(cls, features, profile, dtype):
-        # One work-item per row, as csr-scalar: a few warps per group on GPUs, larger
-        # groups on CPUs (PoCL runs a group as a loop; bigger amortises its overhead).
-        wg = 128 if profile.is_gpu else 256
-        return {"work_group_size": min(wg, profile.max_work_group_size),
+        return {"work_group_size": row_per_item_work_group_size(profile),
                 "max_padding": DEFAULT_MAX_PADDING}
 
     def __init__(self, csr, device, dtype, params):
