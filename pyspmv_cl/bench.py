@@ -23,8 +23,6 @@ from .formats.base import launch_kernel, program_kernels, record_launches
 from .matrix import SpMV
 from .peers import available_peers, time_peer
 
-DEFAULT_SPECS = ("poisson2d:1000",)
-
 
 def min_bytes(csr, dtype):
     """Bytes SpMV must move at least: CSR (values + 32-bit col indices + row pointer),
@@ -175,8 +173,9 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
     (optional) is called with (environment, results so far) after each matrix."""
     from .generators import from_spec
 
-    peers = [p for p in available_peers(peer_names) if p.available]
-    skipped = {p.name: p.reason for p in available_peers(peer_names) if not p.available}
+    detected = available_peers(peer_names)  # imports and test-runs each library: once
+    peers = [p for p in detected if p.available]
+    skipped = {p.name: p.reason for p in detected if not p.available}
     if device.profile.device_type != "gpu":
         peers = [p for p in peers if p.name != "cusparse"]
     copy_gbps = copy_bandwidth(device)

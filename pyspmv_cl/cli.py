@@ -45,7 +45,7 @@ def _cmd_bench(args):
     from . import bench
     from .device import get_device
     from .formats import FORMATS
-    from .generators import GENERATOR_HELP
+    from .generators import DEFAULT_SPECS, GENERATOR_HELP
 
     if args.list_generators:
         print(GENERATOR_HELP)
@@ -64,7 +64,7 @@ def _cmd_bench(args):
             print(f"unknown dtype {dt!r}: use float32, float64 or both", file=sys.stderr)
             return 2
     peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
-    specs = args.matrices or list(bench.DEFAULT_SPECS)
+    specs = args.matrices or list(DEFAULT_SPECS)
     progress = None if args.quiet else bench.stderr_progress()
     try:
         env, results = bench.run(specs, device, formats, [np.dtype(d) for d in dtypes], peers,
@@ -85,6 +85,8 @@ def _cmd_bench(args):
 
 
 def build_parser():
+    from .generators import DEFAULT_SPECS
+
     parser = argparse.ArgumentParser(
         prog="pyspmv-cl", description="Sparse matrix-vector multiplication on OpenCL devices.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,8 +117,6 @@ def build_parser():
     p.set_defaults(func=_cmd_bench)
     return parser
 
-
-DEFAULT_SPECS = ("poisson2d:1000",)
 
 
 def main(argv=None):

@@ -19,6 +19,7 @@ import scipy.io
 import scipy.sparse as sp
 
 __all__ = [
+    "DEFAULT_SPECS",
     "GENERATOR_HELP",
     "banded",
     "block_diagonal",
@@ -31,6 +32,9 @@ __all__ = [
     "random_uniform",
     "rmat",
 ]
+
+#: What `pyspmv-cl bench` runs when given no matrix: 1M rows, 5M non-zeros.
+DEFAULT_SPECS = ("poisson2d:1000",)
 
 GENERATOR_HELP = """\
 Matrix specs (optional parameters in brackets):

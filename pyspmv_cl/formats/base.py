@@ -98,6 +98,14 @@ def record_launches():
         _recorders.remove(events)
 
 
+def launch_rows(n_rows, rows_per_group, work_group_size):
+    """(global, local) size of one launch covering ``n_rows`` rows: one work-group per
+    block of ``rows_per_group`` consecutive rows, so each group handles a contiguous
+    block (streaming on CPUs, coalesced on GPUs)."""
+    groups = max(1, -(-int(n_rows) // rows_per_group))
+    return groups * work_group_size, work_group_size
+
+
 def row_per_item_work_group_size(profile):
     """Default group size of the kernels with one work-item per row: a few warps per
     group on GPUs; larger groups on CPUs, where PoCL runs a group as a loop on one

@@ -23,7 +23,4 @@ class CSRFormatBase(SpMVFormat):
     def _n_rows(self):
         return np.int64(self.shape[0])
 
-    def _groups_for(self, rows_per_group):
-        """One work-group per block of rows, covering every row in one launch: each
-        group handles a contiguous block (streaming on CPUs, coalesced on GPUs)."""
-        return max(1, -(-self.shape[0] // rows_per_group))
+

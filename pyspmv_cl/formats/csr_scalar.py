@@ -2,7 +2,7 @@
 
 Best for short rows and on CPUs, where one work-item streams a whole row."""
 
-from .base import row_per_item_work_group_size
+from .base import launch_rows, row_per_item_work_group_size
 from .csr_common import CSRFormatBase
 
 
@@ -18,4 +18,4 @@ class CSRScalar(CSRFormatBase):
 
     def _launch_geometry(self):
         wg = self.params["work_group_size"]
-        return self._groups_for(wg) * wg, wg
+        return launch_rows(self.shape[0], wg, wg)

@@ -1,7 +1,7 @@
 """``csr-vector``: CSR with a group of ``vector_size`` work-items per row (Bell &
 Garland's vector kernel, generalised from one warp to 2...64 work-items)."""
 
-from .base import pow2_floor
+from .base import launch_rows, pow2_floor
 from .csr_common import CSRFormatBase
 
 VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
@@ -57,4 +57,4 @@ class CSRVector(CSRFormatBase):
 
     def _launch_geometry(self):
         wg = self.params["work_group_size"]
-        return self._groups_for(wg // self.params["vector_size"]) * wg, wg
+        return launch_rows(self.shape[0], wg // self.params["vector_size"], wg)

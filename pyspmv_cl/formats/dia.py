@@ -23,8 +23,14 @@ import math
 import numpy as np
 
 from ..errors import FormatNotSuitableError
-from .base import SpMVFormat, format_bytes, pow2_floor, row_per_item_work_group_size
-from .ell import SMALL_BYTES, check_padding, ell_stride, launch_rows
+from .base import (
+    SpMVFormat,
+    format_bytes,
+    launch_rows,
+    pow2_floor,
+    row_per_item_work_group_size,
+)
+from .ell import SMALL_BYTES, check_padding, ell_stride
 
 DEFAULT_MAX_FILL = 3.0
 DEFAULT_MAX_DIAGONALS = 512

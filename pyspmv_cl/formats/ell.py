@@ -37,7 +37,13 @@ import math
 import numpy as np
 
 from ..errors import FormatNotSuitableError
-from .base import SpMVFormat, format_bytes, pow2_floor, row_per_item_work_group_size
+from .base import (
+    SpMVFormat,
+    format_bytes,
+    launch_rows,
+    pow2_floor,
+    row_per_item_work_group_size,
+)
 
 DEFAULT_MAX_PADDING = 20.0
 # Arrays this small are always accepted, whatever their padding ratio: tiny or odd
@@ -101,12 +107,6 @@ def validate_max_padding(name, value):
         raise ValueError(f"{name}: max_padding must be a number >= 1, None or inf "
                          f"(no limit), not {value!r}")
     return float(value)
-
-
-def launch_rows(n_rows, rows_per_group, work_group_size):
-    """(global, local) size for one launch covering ``n_rows`` rows."""
-    groups = max(1, -(-int(n_rows) // rows_per_group))
-    return groups * work_group_size, work_group_size
 
 
 class ELL(SpMVFormat):

@@ -24,12 +24,11 @@ splits the work-item loop (PoCL), ``T`` defaults to 1.
 import numpy as np
 
 from ..tuning.ellrt import DEFAULT_BLOCK_SIZES, ellrt_model
-from .base import SpMVFormat, pow2_floor
+from .base import SpMVFormat, launch_rows, pow2_floor
 from .ell import (
     DEFAULT_MAX_PADDING,
     check_padding,
     ell_stride,
-    launch_rows,
     row_slots,
     validate_max_padding,
 )
