@@ -1,6 +1,9 @@
 """Storage formats: one module per format, registered here by canonical name."""
 
+from .bccoo import BCCOO
+from .cmrs import CMRS
 from .coo import COO
+from .csr5 import CSR5
 from .csr_scalar import CSRScalar
 from .csr_vector import CSRVector
 from .dia import DIA
@@ -14,7 +17,10 @@ CANONICAL_ORDER = ("csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "s
                    "cmrs", "csr5", "bccoo")
 
 _CLASSES = [
+    BCCOO,
+    CMRS,
     COO,
+    CSR5,
     CSRScalar,
     CSRVector,
     DIA,

@@ -140,6 +140,15 @@ class SpMVFormat:
         raise NotImplementedError
 
     @classmethod
+    def tuning_candidates(cls, features, profile, dtype, csr=None):
+        """Parameter sets worth measuring for this matrix and device (the tuner times
+        them; ``{}`` means the defaults).  Formats with a model or pruning rule (ELLR-T,
+        CSR5's sigma, BCCOO's block shapes) return a few alternatives here; an empty
+        list says the format is not worth trying on this matrix.  ``csr`` (the matrix,
+        when the caller has it) serves rules that need more than the features."""
+        return [{}]
+
+    @classmethod
     def resolve_params(cls, features, profile, dtype, user_params):
         """Defaults for this matrix and device, overridden by the caller's values."""
         allowed = set(cls.param_names) | {"index_bits"}

@@ -1,0 +1,227 @@
+"""Host conversion CSR -> BCCOO / BCCOO+ (yaSpMV, Yan et al., PPoPP'14, sections 2.2-2.4).
+
+Vectorised numpy only.  Two steps, because the device may shrink the work-group size
+after the kernels are built and the tile layout depends on it:
+
+* :func:`build_blocks`: the non-zero h x w blocks of the (vertically sliced and
+  top-down aligned) matrix in row-major order, with their row stops;
+* :func:`layout`: padding to whole work-group tiles, the bit-flag words, the column
+  indices (optionally delta-compressed), the value arrays (one per block row), the
+  first-result entry of every thread and the per-group "skip the scan" flag, in
+  thread-tile order or transposed (offline transpose).
+
+Every rearranged block row owns at least one block, so that the number of row stops
+before a block *is* its block row (the paper's lossless bit-flag compression of the
+row index): an empty block row gets one all-fill dummy block.  Fill entries (inside
+blocks, dummies, tile padding) are stored as +0.0 and stored zeros as -0.0; the kernel
+skips entries whose bits are all zero, so fill never multiplies x (0 * Inf = NaN would
+differ from scipy) while stored zeros still do.
+"""
+
+import dataclasses
+
+import numpy as np
+
+FLAG_TYPES = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32)}
+# Column indices (block columns) as unsigned short while the matrix is narrower than this.
+USHORT_COLS_LIMIT = 65535
+DELTA_ESCAPE = -1   # in the short delta array: "read the full index instead"
+
+
+@dataclasses.dataclass
+class Blocks:
+    """The blocks of one block shape and slicing, before tile layout."""
+    h: int
+    w: int
+    slices: int
+    n_block_rows: int        # per slice
+    n_block_cols: int
+    block_cols: np.ndarray   # int64, one per block (dummies: 0)
+    stops: np.ndarray        # bool, True where the block ends its rearranged row
+    values: np.ndarray       # (h, n_blocks, w), fill +0.0, stored zeros -0.0
+
+    @property
+    def n_blocks(self):
+        return int(self.block_cols.size)
+
+    @property
+    def n_rearranged_rows(self):
+        return self.slices * self.n_block_rows
+
+
+def slice_width(n_block_cols, slices):
+    """Block columns per vertical slice (slices are aligned to whole blocks)."""
+    return max(1, -(-int(n_block_cols) // int(slices)))
+
+
+def _duplicate_rank(csr, rows, cols):
+    """0 for the first copy of each (row, column), 1 for the second, ...: copies go to
+    different blocks, since scipy multiplies them one by one (a*Inf + b*Inf with a > 0 >
+    b is NaN, (a+b)*Inf is not)."""
+    if csr.nnz == 0 or csr.has_canonical_format:
+        return None
+    key = rows * max(1, csr.shape[1]) + cols
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    new_run = np.ones(key.size, dtype=bool)
+    new_run[1:] = sorted_key[1:] != sorted_key[:-1]
+    run_start = np.maximum.accumulate(np.where(new_run, np.arange(key.size), 0))
+    rank = np.empty(key.size, dtype=np.int64)
+    rank[order] = np.arange(key.size) - run_start
+    return rank if rank.any() else None
+
+
+def _block_keys(csr, h, w, slices):
+    """Sort keys of the entries' blocks: (rearranged block row, block column, copy).
+    Returns keys, rows, cols, block rows per slice, block columns, copies per column
+    (L) and the key stride of a rearranged row."""
+    m, n = csr.shape
+    n_block_rows = -(-m // h)
+    n_block_cols = -(-n // w)
+    row_lengths = np.diff(csr.indptr)
+    rows = np.repeat(np.arange(m, dtype=np.int64), row_lengths)
+    cols = csr.indices.astype(np.int64, copy=False)
+    rank = _duplicate_rank(csr, rows, cols)
+    copies = 1 if rank is None else int(rank.max()) + 1
+    block_cols = cols // w
+    rearranged = (block_cols // slice_width(n_block_cols, slices)) * n_block_rows + rows // h
+    # +1: dummies (block column 0, copy 0) never collide across rows even when n == 0.
+    row_stride = (n_block_cols + 1) * copies
+    keys = rearranged * row_stride + block_cols * copies
+    if rank is not None:
+        keys += rank
+    return keys, rows, cols, n_block_rows, copies, row_stride
+
+
+def count_blocks(csr, h, w, slices=1):
+    """(non-zero blocks, dummy blocks for empty rearranged rows) of this shape."""
+    keys, _, _, n_block_rows, _, row_stride = _block_keys(csr, h, w, slices)
+    unique = np.unique(keys)
+    block_rows = unique // row_stride       # sorted: count the changes
+    rows_used = int(block_rows.size and 1 + np.count_nonzero(block_rows[1:] != block_rows[:-1]))
+    return int(unique.size), int(slices * n_block_rows - rows_used)
+
+
+def build_blocks(csr, h, w, slices=1, dtype=np.float64):
+    keys, rows, cols, n_block_rows, copies, stride = _block_keys(csr, h, w, slices)
+    n_block_cols = -(-csr.shape[1] // w)
+    if keys.size and np.all(keys[1:] > keys[:-1]):   # 1 x 1 blocks of a sorted CSR
+        unique, inverse = keys, np.arange(keys.size)
+    else:
+        unique, inverse = np.unique(keys, return_inverse=True)
+    n_rows_total = slices * n_block_rows
+    used = np.zeros(n_rows_total, dtype=bool)
+    used[unique // stride] = True
+    dummy_keys = np.flatnonzero(~used).astype(np.int64) * stride
+    if dummy_keys.size:
+        all_keys = np.concatenate([unique, dummy_keys])
+        order = np.argsort(all_keys, kind="stable")
+        position = np.empty(all_keys.size, dtype=np.int64)
+        position[order] = np.arange(all_keys.size)   # key index -> block position
+        sorted_keys = all_keys[order]
+    else:
+        position, sorted_keys = np.arange(unique.size), unique
+    n_blocks = sorted_keys.size
+    block_rows = sorted_keys // stride
+    stops = np.ones(n_blocks, dtype=bool)
+    stops[:-1] = block_rows[1:] != block_rows[:-1]
+    # Values laid out as (row in block, block, column in block); every entry has its own
+    # slot (copies of one entry are in different blocks).
+    flat = ((rows % h) * n_blocks + position[inverse]) * w + cols % w
+    size = h * n_blocks * w
+    values = np.zeros(size, dtype=dtype)
+    values[flat] = csr.data
+    values[flat[values[flat] == 0]] = -0.0   # stored zero: multiplied (marker)
+    return Blocks(h, w, slices, n_block_rows, n_block_cols,
+                  (sorted_keys % stride) // copies, stops,
+                  values.reshape(h, n_blocks, w))
+
+
+def tile_geometry(n_blocks, tile_size, work_group_size):
+    """(padded block count, threads, groups): padded to whole work-group tiles."""
+    group_tile = tile_size * work_group_size
+    n_groups = -(-int(n_blocks) // group_tile)
+    return n_groups * group_tile, n_groups * work_group_size, n_groups
+
+
+def col_delta(cols_by_thread):
+    """The paper's segmented difference of the column indices, one segment per thread
+    tile, as short; -1 (and anything out of range) escapes to the full index."""
+    delta = np.empty_like(cols_by_thread)
+    delta[:, 0] = cols_by_thread[:, 0]
+    delta[:, 1:] = np.diff(cols_by_thread, axis=1)
+    escape = (delta < -32768) | (delta > 32767) | (delta == DELTA_ESCAPE)
+    delta[escape] = DELTA_ESCAPE
+    return delta.astype(np.int16)
+
+
+def layout(blocks, *, tile_size, work_group_size, flag_bits, transpose, col_compress,
+           col_dtype, pos_dtype, dtype):
+    """The device arrays of the format (ordered dict name -> numpy array)."""
+    T, WG = tile_size, work_group_size
+    h, w = blocks.h, blocks.w
+    nb = blocks.n_blocks
+    nb_pad, n_threads, n_groups = tile_geometry(nb, T, WG)
+    pad = nb_pad - nb
+    # Padding blocks: no stop (flag 1), all fill, same column as the last block (delta 0).
+    last_col = blocks.block_cols[-1] if nb else 0
+    cols = np.concatenate([blocks.block_cols, np.full(pad, last_col, dtype=np.int64)])
+    stops = np.concatenate([blocks.stops, np.zeros(pad, dtype=bool)])
+    values = np.zeros((h, nb_pad, w), dtype=dtype)
+    values[:, :nb, :] = blocks.values
+
+    # First result entry of each thread: row stops before its tile (+ one past the end).
+    stop_count = np.zeros(nb_pad + 1, dtype=np.int64)
+    np.cumsum(stops, out=stop_count[1:])
+    first_entry = stop_count[::T].astype(pos_dtype)
+    assert first_entry.size == n_threads + 1
+    # A group may skip the parallel scan when every one of its threads has a row stop.
+    thread_has_stop = np.diff(first_entry.astype(np.int64)) > 0
+    group_full = thread_has_stop.reshape(n_groups, WG).all(axis=1).astype(np.uint8)
+
+    # Bit flags, 0 = row stop, packed little-endian per thread into words; the bits past
+    # the tile in the last word are 1.
+    bits = flag_bits
+    n_words = -(-T // bits)
+    flags = np.ones((n_threads, n_words * bits), dtype=np.uint8)
+    flags[:, :T] = ~stops.reshape(n_threads, T)
+    packed = np.packbits(flags, axis=1, bitorder="little")
+    words = packed.view(FLAG_TYPES[bits].newbyteorder("<")).astype(FLAG_TYPES[bits])
+    words = words.reshape(n_threads, n_words)
+
+    cols_by_thread = cols.reshape(n_threads, T)
+    arrays = {}
+
+    def tiles(a, per_thread):
+        # (group, thread, k, ...) -> (group, k, thread, ...) when transposed.
+        a = a.reshape((n_groups, WG, per_thread) + a.shape[2:])
+        if transpose:
+            a = a.swapaxes(1, 2)
+        return np.ascontiguousarray(a).reshape((-1,) + a.shape[3:])
+
+    arrays["flags"] = tiles(words, n_words)
+    if col_compress:
+        arrays["col_delta"] = tiles(col_delta(cols_by_thread), T)
+    arrays["cols"] = tiles(cols_by_thread.astype(col_dtype), T)
+    arrays["values"] = np.stack([tiles(values[r].reshape(n_threads, T, w), T).ravel()
+                                 for r in range(h)]).ravel() if nb_pad else \
+        np.zeros(0, dtype=dtype)
+    arrays["first_entry"] = first_entry
+    arrays["group_full"] = group_full
+    return arrays, {"n_blocks_padded": nb_pad, "n_threads": n_threads, "n_groups": n_groups}
+
+
+def footprint_bytes(n_blocks, h, w, *, itemsize, tile_size, work_group_size, flag_bits,
+                    col_bytes, col_compress, pos_bytes):
+    """Bytes of the arrays :func:`layout` produces for ``n_blocks`` blocks (dummies
+    included): the paper's footprint, every array read once."""
+    nb_pad, n_threads, n_groups = tile_geometry(n_blocks, tile_size, work_group_size)
+    n_words = -(-tile_size // flag_bits)
+    total = nb_pad * h * w * itemsize                 # values
+    total += n_threads * n_words * flag_bits // 8     # bit flags
+    total += nb_pad * col_bytes                       # column indices
+    if col_compress:
+        total += nb_pad * 2                           # short deltas
+    total += (n_threads + 1) * pos_bytes              # first result entries
+    total += n_groups                                 # skip-scan flags
+    return int(total)

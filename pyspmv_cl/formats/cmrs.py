@@ -1,0 +1,227 @@
+"""``cmrs``: Compressed Multi-Row Storage (Koza, Matyka, Szkodra, Mirosław).
+
+CSR with rows grouped into strips of ``height`` consecutive rows: ``strip_ptr`` over
+strips replaces ``row_ptr`` (``strip_ptr[s] = row_ptr[s * height]``), and every entry
+carries its row's number inside the strip (``row % height``, 0...15).  That number
+is packed into the top 4 bits of the column index when the columns fit in the rest
+(28 bits with 32-bit indices, the paper's ``cmrs_bits``); otherwise it goes to a
+separate ``row_in_strip`` byte array.
+
+Kernel: one SIMD group of ``group_width`` work-items per strip (Bell & Garland's
+vector kernel with rows replaced by strips).  Work-item ``lane`` walks entries
+``strip_ptr[s] + lane, + group_width, ...`` and adds each product into its own slot
+``buf[r][lane]`` of a per-strip local buffer of ``height x group_width`` sums, so
+entries of any row may come in any order; then the buffer is reduced per row behind
+barriers.  Nothing is padded: every stored entry multiplies x once, no other does.
+
+``sort_columns`` (the paper's "reordering", on by default on GPUs as the paper advises)
+sorts each strip's entries by column (stable), so the group reads x in increasing
+addresses; products then meet in another order, so float results may differ from
+the unsorted layout by rounding only.
+"""
+
+import numpy as np
+
+from .base import SpMVFormat, pow2_floor
+
+MAX_HEIGHT = 16                     # 4 bits of row-in-strip
+GROUP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+ROW_IN_STRIP = ("auto", "packed", "separate")
+REDUCTIONS = ("tree", "serial")
+ROW_BITS = 4
+
+# Work-items a GPU compute unit keeps resident (2048 on NVIDIA since Kepler; AMD GCN
+# has more): the paper's occupancy argument divides the local memory among them.
+GPU_RESIDENT_WORK_ITEMS = 2048
+GPU_WORK_GROUP = 128                # the paper's optimal block size
+# PoCL (poisson2d:1000, powerlaw:200000,8, float32): one work-item per strip beats a
+# group of 4 or 8 per strip by 1.2-2x (no barrier, no local buffer); heights 4-16 are
+# within the noise of a shared machine, 1-2 slower; 64 strips per group.  Sorting the
+# strips' columns only slowed a lone work-item (its running row sum flushes on every
+# row change), so CPUs keep CSR order.
+CPU_GROUP_WIDTH = 1
+CPU_WORK_GROUP = 64
+CPU_HEIGHT = 4
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def occupancy_height(profile, dtype):
+    """The paper's rule: each resident work-item needs ``height`` sums of local memory,
+    so the largest height that keeps a GPU compute unit fully occupied is
+    local memory / (resident work-items * value size) (48 KiB: 6 float, 3 double)."""
+    itemsize = np.dtype(dtype).itemsize
+    return max(1, min(MAX_HEIGHT, profile.local_mem_size
+                      // (GPU_RESIDENT_WORK_ITEMS * itemsize)))
+
+
+def default_height(features, profile, dtype, group_width):
+    """GPUs: the occupancy height, but no more rows than it takes for a strip to give
+    every work-item of its group ~2 entries (the model's gain saturates once
+    height * mean row length exceeds the group; long rows need no strips).
+    CPUs: CPU_HEIGHT (no occupancy limit)."""
+    if profile.is_cpu:
+        return CPU_HEIGHT
+    height = occupancy_height(profile, dtype)
+    mean = max(features.mean_row_length, 1e-9)
+    return max(1, min(height, int(np.ceil(2 * group_width / mean))))
+
+
+def default_group_width(profile):
+    """GPUs: one warp/wavefront (64 at most); CPUs: CPU_GROUP_WIDTH."""
+    if profile.is_cpu:
+        return CPU_GROUP_WIDTH
+    return max(1, min(64, pow2_floor(max(1, profile.simd_width))))
+
+
+def row_bits_shift(index_dtype):
+    """Bit position of the row-in-strip number in a packed column index."""
+    return np.dtype(index_dtype).itemsize * 8 - ROW_BITS
+
+
+def fits_packed(n_cols, index_dtype):
+    return n_cols <= 1 << row_bits_shift(index_dtype)
+
+
+class CMRS(SpMVFormat):
+    name = "cmrs"
+    template = "cmrs.mako"
+    kernel_name = "cmrs"
+    param_names = ("height", "group_width", "work_group_size", "sort_columns",
+                   "row_in_strip", "reduction")
+
+    @classmethod
+    def default_params(cls, features, profile, dtype):
+        gw = default_group_width(profile)
+        wg = (CPU_WORK_GROUP if profile.is_cpu else GPU_WORK_GROUP)
+        wg = max(gw, min(wg, pow2_floor(profile.max_work_group_size)))
+        return {"height": default_height(features, profile, dtype, gw), "group_width": gw,
+                "work_group_size": wg, "sort_columns": profile.is_gpu, "row_in_strip": "auto",
+                # Barriers are cheap on GPUs (tree), costly on CPUs (one, then a serial sum).
+                "reduction": "serial" if profile.is_cpu else "tree"}
+
+    @classmethod
+    def resolve_params(cls, features, profile, dtype, user_params):
+        """The default work-group size follows a caller's group width and height: whole
+        strips per group, and a local buffer that fits the device."""
+        params = super().resolve_params(features, profile, dtype, user_params)
+        given = {k for k, v in user_params.items() if v is not None}
+        gw, h = params["group_width"], params["height"]
+        if "group_width" in given and "height" not in given and gw in GROUP_WIDTHS:
+            params["height"] = default_height(features, profile, dtype, gw)
+            h = params["height"]
+        if ("work_group_size" not in given and gw in GROUP_WIDTHS and _is_int(h)
+                and 1 <= h <= MAX_HEIGHT):
+            wg = max(params["work_group_size"], gw)
+            wg -= wg % gw
+            itemsize = np.dtype(dtype).itemsize
+            while wg > gw and gw > 1 and wg * h * itemsize > profile.local_mem_size:
+                wg //= 2
+            params["work_group_size"] = wg
+        return params
+
+    def __init__(self, csr, device, dtype, params):
+        h = params.get("height")
+        if not _is_int(h) or not 1 <= h <= MAX_HEIGHT:
+            raise ValueError(f"cmrs: height must be an integer from 1 to {MAX_HEIGHT} "
+                             f"(4 bits of row-in-strip), not {h!r}")
+        gw = params.get("group_width")
+        if gw not in GROUP_WIDTHS or not _is_int(gw):
+            raise ValueError(f"cmrs: group_width must be one of {GROUP_WIDTHS}, not {gw!r}")
+        wg = params.get("work_group_size")
+        if _is_int(wg) and wg >= 1 and wg % gw:
+            raise ValueError(f"cmrs: work_group_size must be a multiple of group_width "
+                             f"({gw}), not {wg!r}")
+        if not isinstance(params.get("sort_columns"), (bool, np.bool_)):
+            raise ValueError(f"cmrs: sort_columns must be True or False, not "
+                             f"{params.get('sort_columns')!r}")
+        if params.get("row_in_strip") not in ROW_IN_STRIP:
+            raise ValueError(f"cmrs: row_in_strip must be one of {ROW_IN_STRIP}, not "
+                             f"{params.get('row_in_strip')!r}")
+        if params.get("reduction") not in REDUCTIONS:
+            raise ValueError(f"cmrs: reduction must be 'tree' or 'serial', not "
+                             f"{params.get('reduction')!r}")
+        params = dict(params, height=int(h), group_width=int(gw),
+                      sort_columns=bool(params["sort_columns"]))
+        super().__init__(csr, device, dtype, params)
+
+    @classmethod
+    def tuning_candidates(cls, features, profile, dtype, csr=None):
+        """The default height, half and twice it (within 1...16): the paper found the
+        best height varies around the occupancy choice from matrix to matrix."""
+        gw = default_group_width(profile)
+        h = default_height(features, profile, dtype, gw)
+        heights = [x for x in (max(1, h // 2), min(MAX_HEIGHT, 2 * h)) if x != h]
+        return [{}] + [{"height": x} for x in dict.fromkeys(heights)]
+
+    # -- conversion --------------------------------------------------------------------
+    def _convert(self, csr):
+        m, n = csr.shape
+        h = self.params["height"]
+        self.n_strips = -(-m // h)
+        self.nnz_stored = int(csr.nnz)
+        indptr = csr.indptr.astype(np.int64)
+        row_lengths = np.diff(indptr)
+        # strip_ptr[s] = row_ptr[s * height], strip_ptr[-1] = nnz.
+        strip_ptr = indptr[np.minimum(np.arange(self.n_strips + 1) * h, m)]
+        row_in_strip = np.repeat((np.arange(m) % h).astype(np.uint8), row_lengths)
+        cols = csr.indices
+        values = csr.data
+        if self.params["sort_columns"] and csr.nnz:
+            # One stable sort by (strip, column): ties (duplicates) keep their CSR order.
+            key = np.repeat(np.arange(self.n_strips, dtype=np.int64) * max(n, 1),
+                            np.diff(strip_ptr)) + cols
+            if np.any(key[1:] < key[:-1]):  # else already in order (height 1, sorted CSR)
+                order = np.argsort(key, kind="stable")
+                cols, values, row_in_strip = cols[order], values[order], row_in_strip[order]
+
+        mode = self.params["row_in_strip"]
+        packable = fits_packed(n, self.index_dtype)
+        if mode == "packed" and not packable:
+            raise ValueError(
+                f"cmrs: {n} columns do not fit in the {row_bits_shift(self.index_dtype)} "
+                f"bits left beside the row-in-strip number: use row_in_strip='separate' "
+                f"or index_bits=64")
+        self.packed = mode == "packed" or (mode == "auto" and packable)
+        self.params["row_in_strip"] = "packed" if self.packed else "separate"
+        arrays = {"strip_ptr": strip_ptr.astype(self.index_dtype)}
+        if self.packed:
+            word = np.dtype(self.index_dtype.str.replace("i", "u"))
+            shift = row_bits_shift(self.index_dtype)
+            arrays["col_idx"] = (cols.astype(word)
+                                 | (row_in_strip.astype(word) << word.type(shift)))
+        else:
+            arrays["col_idx"] = cols.astype(self.index_dtype)
+            arrays["row_in_strip"] = row_in_strip
+        arrays["values"] = values.astype(self.dtype)
+        return arrays
+
+    # -- kernel ---------------------------------------------------------------------------
+    def _template_params(self):
+        p = self.params
+        return {"height": p["height"], "group_width": p["group_width"],
+                "packed": self.packed, "row_shift": row_bits_shift(self.index_dtype),
+                "reduction": p["reduction"]}
+
+    def _local_bytes(self, work_group_size):
+        if self.params["group_width"] == 1:
+            return 0  # one work-item per strip: private sums, no local buffer
+        return work_group_size * self.params["height"] * self.dtype.itemsize
+
+    def _min_work_group_size(self):
+        return self.params["group_width"]
+
+    def _kernel_args(self, x_buf, y_buf, alpha, beta):
+        b = self.buffers
+        args = [np.int64(self.shape[0]), np.int64(self.n_strips), b["strip_ptr"],
+                b["col_idx"]]
+        if not self.packed:
+            args.append(b["row_in_strip"])
+        return (*args, b["values"], x_buf, y_buf, alpha, beta)
+
+    def _launch_geometry(self):
+        wg = self.params["work_group_size"]
+        strips_per_group = wg // self.params["group_width"]
+        return max(1, -(-self.n_strips // strips_per_group)) * wg, wg

@@ -1,0 +1,321 @@
+"""``csr5``: CSR5 (Liu & Vinter, ICS'15).  The non-zeros are cut into 2-D tiles of
+``omega`` columns (one work-item each) by ``sigma`` rows; column ``i`` of a tile holds
+the tile's CSR entries ``i*sigma ... i*sigma + sigma - 1``, stored transposed in place
+(entry ``j`` of column ``i`` at ``j*omega + i``) so neighbouring work-items read
+neighbouring words.  The arrays are the paper's five groups:
+
+* ``row_ptr``, ``col_idx``, ``values``: CSR, with the complete tiles transposed; the
+  incomplete last tile stays in CSR order and is handled row by row;
+* ``tile_ptr`` (p + 1, unsigned): the row holding each tile's first non-zero, with the
+  sign bit set when empty rows lie between it and the next tile's first row;
+* ``tile_desc``: per column, ``y_offset`` (segments started in earlier columns),
+  ``seg_offset`` (columns to the right without a row start) and ``sigma`` bits of
+  ``bit_flag`` (row starts; the tile's first entry always flagged), packed as bit
+  fields into ``desc_words`` 32-bit words per column (one when they fit, as in the
+  paper), laid out word-major per tile for coalescing;
+* ``empty_offset`` (+ ``empty_offset_ptr`` per tile): for tiles with empty rows, the
+  row offset of each segment (the row under segment ``s`` is not ``tile_ptr + s``).
+
+SpMV is two kernels (templates/csr5.mako): ``csr5_compute`` runs the tiles (green
+segments stored directly, red/blue joined by a segmented sum over the columns in local
+memory), leaving for each tile the sums of its first row (``head``) and of a last row
+continuing into the next tile (``tail``); ``csr5_calibrate`` adds those up per row in
+order (the authors' calibrate kernel, without atomics: deterministic), stores empty
+rows and runs the rows of the incomplete tile.
+"""
+
+import numpy as np
+import pyopencl as cl
+
+from ..tuning.csr5_sigma import bounds_for, sigma_rule
+from .base import SpMVFormat, launch_kernel, pow2_floor
+
+MAX_OMEGA = 1024
+MAX_SIGMA = 512
+SEGMENTED_SUMS = ("scan", "serial")
+# Work-items per group of the calibrate kernel (one per tile or tail row).
+CALIBRATE_WORK_GROUP_SIZE = 64
+# Bit values of a 32-bit word (exact in float64, which np.bincount sums).
+_POW2 = np.ldexp(1.0, np.arange(32))
+
+
+def default_omega(profile, dtype):
+    """The tile width: the warp/wavefront on GPUs, the vector lanes of dtype on CPUs."""
+    width = profile.simd_width if profile.is_gpu else profile.lanes(dtype)
+    return max(1, min(pow2_floor(max(1, width)), MAX_OMEGA, profile.max_work_group_size))
+
+
+def field_bits(omega, sigma):
+    """(y_offset bits, seg_offset bits, 32-bit words per column) of the tile descriptor:
+    y_offset < omega*sigma, seg_offset < omega, then sigma bit flags."""
+    y_bits = max(1, (omega * sigma - 1).bit_length())
+    seg_bits = max(1, (omega - 1).bit_length())
+    words = -(-(y_bits + seg_bits + sigma) // 32)
+    return y_bits, seg_bits, words
+
+
+def _check_int(name, value, low, high):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not \
+            low <= value <= high:
+        raise ValueError(f"csr5: {name} must be an integer in [{low}, {high}], not {value!r}")
+    return int(value)
+
+
+def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype):
+    """The CSR5 host arrays of a CSR matrix (vectorised: work over rows and tiles, plus
+    the transposition of the complete tiles)."""
+    index_dtype, value_dtype = np.dtype(index_dtype), np.dtype(value_dtype)
+    m = len(indptr) - 1
+    nnz = int(indptr[-1])
+    tile = omega * sigma
+    p_full, p = nnz // tile, -(-nnz // tile)
+    y_bits, seg_bits, words = field_bits(omega, sigma)
+    flag_shift = y_bits + seg_bits
+    # Positions in 32 bits while they fit (faster integer division).
+    pos_t = np.int32 if nnz + 2 * tile < 2**31 and m < 2**31 - 1 else np.int64
+    indptr = np.asarray(indptr).astype(pos_t, copy=False)
+
+    # tile_ptr: the (non-empty) row holding each tile's first entry; m past the end.
+    bounds = np.minimum(np.arange(p + 1, dtype=np.int64) * tile, nnz).astype(pos_t)
+    first_row = np.searchsorted(indptr, bounds, side="right") - 1
+    nonempty = np.flatnonzero(indptr[1:] != indptr[:-1]).astype(pos_t, copy=False)
+    # Empty rows strictly between a tile's first row and the next tile's: rows there
+    # minus the non-empty ones (first_row is always non-empty, m counts as such).
+    rank = np.searchsorted(nonempty, first_row)
+    has_empty = np.diff(first_row) - 1 > np.diff(rank) - 1
+    ptr_type = np.uint32 if index_dtype.itemsize == 4 else np.uint64
+    sign = ptr_type(1) << ptr_type(8 * index_dtype.itemsize - 1)
+    tile_ptr = first_row.astype(ptr_type)
+    tile_ptr[:p][has_empty] |= sign
+
+    # Row starts inside the complete tiles, plus each tile's first entry (always flagged).
+    starts = indptr[nonempty]
+    inside = int(np.searchsorted(starts, p_full * tile))
+    starts, start_rows = starts[:inside], nonempty[:inside]
+    start_tile, start_in_tile = np.divmod(starts, pos_t(tile))
+    at_head = start_in_tile == 0
+    head_is_start = np.zeros(p_full, dtype=bool)
+    head_is_start[start_tile[at_head]] = True
+    forced = np.flatnonzero(~head_is_start).astype(pos_t) * pos_t(tile)
+    flagged = np.concatenate([starts, forced])
+    if sigma & (sigma - 1):
+        column, step = np.divmod(flagged, pos_t(sigma))  # column: tile * omega + lane
+    else:
+        column, step = flagged >> (sigma.bit_length() - 1), flagged & (sigma - 1)
+    n_columns = p_full * omega
+    desc = np.empty((p_full, words, omega), dtype=np.uint32)
+    bit = step + flag_shift
+    for w in range(words):
+        sel = (bit >> 5) == w if words > 1 else slice(None)
+        packed = np.bincount(column[sel], weights=_POW2[bit[sel] & 31], minlength=n_columns)
+        desc[:, w, :] = packed.astype(np.uint64).astype(np.uint32).reshape(p_full, omega)
+    if hasattr(np, "bitwise_count"):  # numpy >= 2: row starts per column from the flags
+        count = np.bitwise_count(desc).sum(axis=1, dtype=np.int64)
+    else:
+        count = np.bincount(column, minlength=n_columns).reshape(p_full, omega)
+    y_offset = np.cumsum(count, axis=1) - count
+    lane = np.arange(omega)
+    next_start = np.where(count > 0, lane, omega)
+    next_start = np.minimum.accumulate(next_start[:, ::-1], axis=1)[:, ::-1]
+    next_start = np.concatenate([next_start[:, 1:], np.full((p_full, 1), omega)], axis=1)
+    seg_offset = next_start - lane - 1
+    desc[:, 0, :] |= (y_offset | (seg_offset << y_bits)).astype(np.uint32)
+
+    # empty_offset: for each complete tile with empty rows, the row offset (from the
+    # tile's first row) of each of its segments in order: 0 for segment 0, then one per
+    # row starting inside the tile.
+    empty_offset_ptr = empty_offset = None
+    if has_empty[:p_full].any():
+        inner = ~at_head & has_empty[start_tile]
+        inner_pos, inner_rows = starts[inner], start_rows[inner]
+        inner_tile = inner_pos // tile
+        per_tile = np.bincount(inner_tile, minlength=p_full)
+        segments = np.where(has_empty[:p_full], per_tile + 1, 0)
+        empty_offset_ptr = np.zeros(p_full + 1, dtype=np.int64)
+        np.cumsum(segments, out=empty_offset_ptr[1:])
+        inner_before = np.cumsum(per_tile) - per_tile
+        slot = (empty_offset_ptr[inner_tile] + 1
+                + np.arange(inner_pos.size) - inner_before[inner_tile])
+        empty_offset = np.zeros(int(empty_offset_ptr[-1]), dtype=index_dtype)
+        empty_offset[slot] = inner_rows - first_row[inner_tile]
+        empty_offset_ptr = empty_offset_ptr.astype(index_dtype)
+
+    arrays = {
+        "row_ptr": indptr.astype(index_dtype, copy=False),
+        "tile_ptr": tile_ptr,
+        "tile_desc": desc.ravel(),
+        "col_idx": _transpose_tiles(np.asarray(indices), p_full, omega, sigma, index_dtype),
+        "values": _transpose_tiles(np.asarray(data), p_full, omega, sigma, value_dtype),
+    }
+    if empty_offset is not None:
+        arrays["empty_offset_ptr"] = empty_offset_ptr
+        arrays["empty_offset"] = empty_offset
+    return arrays
+
+
+def _transpose_tiles(a, p_full, omega, sigma, dtype):
+    """Complete tiles transposed and cast in one strided copy; the tail cast."""
+    out = np.empty(a.size, dtype=dtype)
+    n = p_full * omega * sigma
+    out[:n].reshape(p_full, sigma, omega)[...] = a[:n].reshape(p_full, omega, sigma).transpose(
+        0, 2, 1)
+    out[n:] = a[n:]
+    return out
+
+
+def untranspose_tiles(a, omega, sigma):
+    """CSR order from the CSR5 order of ``col_idx``/``values`` (a copy)."""
+    tile = omega * sigma
+    p_full = a.size // tile
+    out = a.copy()
+    n = p_full * tile
+    out[:n] = a[:n].reshape(p_full, sigma, omega).transpose(0, 2, 1).ravel()
+    return out
+
+
+class CSR5(SpMVFormat):
+    name = "csr5"
+    template = "csr5.mako"
+    param_names = ("omega", "sigma", "work_group_size", "segmented_sum")
+
+    @classmethod
+    def default_params(cls, features, profile, dtype):
+        omega = default_omega(profile, dtype)
+        sigma = sigma_rule(features.mean_row_length, bounds_for(profile, dtype, omega))
+        if profile.is_gpu:
+            wg, segmented_sum = 256, "scan"
+        else:
+            # PoCL runs a group as a loop over its work-items and a barrier splits it:
+            # few barriers (one for the serial segmented sum), several tiles per group.
+            wg, segmented_sum = 8 * omega, "serial"
+        wg = max(omega, min(wg, profile.max_work_group_size) // omega * omega)
+        return {"omega": omega, "sigma": sigma, "work_group_size": wg,
+                "segmented_sum": segmented_sum}
+
+    @classmethod
+    def tuning_candidates(cls, features, profile, dtype, csr=None):
+        """The rule's sigma and its neighbours half and twice it (kept within 2..64;
+        section 5.4 finds the rule within a few per cent of the best sigma in 4..48)."""
+        if features.nnz == 0:
+            return [{}]
+        sigma = cls.default_params(features, profile, dtype)["sigma"]
+        out = [{}]
+        for s in (sigma // 2, 2 * sigma):
+            if 2 <= s <= 64 and s != sigma:
+                out.append({"sigma": s})
+        return out
+
+    def __init__(self, csr, device, dtype, params):
+        params = dict(params)
+        omega = _check_int("omega", params.get("omega"), 1, MAX_OMEGA)
+        if omega & (omega - 1):
+            raise ValueError(f"csr5: omega must be a power of two, not {omega}")
+        params["omega"] = omega
+        params["sigma"] = _check_int("sigma", params.get("sigma"), 1, MAX_SIGMA)
+        wg = params.get("work_group_size")
+        if isinstance(wg, (int, np.integer)) and not isinstance(wg, bool) and wg % omega:
+            raise ValueError(f"csr5: work_group_size must be a multiple of omega ({omega}), "
+                             f"not {wg!r}")
+        if params.get("segmented_sum") not in SEGMENTED_SUMS:
+            raise ValueError(f"csr5: segmented_sum must be one of {SEGMENTED_SUMS}, not "
+                             f"{params.get('segmented_sum')!r}")
+        super().__init__(csr, device, dtype, params)
+        scratch = max(1, self.n_full_tiles) * self.dtype.itemsize
+        ctx, rw = device.context, cl.mem_flags.READ_WRITE
+        self.head = cl.Buffer(ctx, rw, scratch)
+        self.tail = cl.Buffer(ctx, rw, scratch)
+        self.nbytes += 2 * self.n_full_tiles * self.dtype.itemsize
+
+    def _local_bytes(self, work_group_size):
+        flags = 4 if self.params.get("segmented_sum") == "scan" else 0
+        return work_group_size * (self.dtype.itemsize + flags)
+
+    def _convert(self, csr):
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        m = csr.shape[0]
+        nnz = int(csr.indptr[-1]) if m else 0
+        tile = omega * sigma
+        self.n_tiles = -(-nnz // tile)
+        self.n_full_tiles = nnz // tile
+        arrays = tile_arrays(csr.indptr, csr.indices[:nnz], csr.data[:nnz], omega, sigma,
+                             self.index_dtype, self.dtype)
+        # Rows after the incomplete tile's first row go row by row (all of them when
+        # nnz == 0); with no incomplete tile the last complete tile covers them.
+        if self.n_tiles > self.n_full_tiles:
+            first_row = np.searchsorted(csr.indptr, self.n_full_tiles * tile, side="right") - 1
+            self.tail_row_begin = int(first_row) + 1
+        else:
+            self.tail_row_begin = 0 if nnz == 0 else m
+        self.n_tail_rows = m - self.tail_row_begin
+        self.has_empty_offset = "empty_offset" in arrays
+        return arrays
+
+    def to_csr(self):
+        """The matrix back in CSR (scipy), read from the device: exactly the CSR it was
+        built from, in this operator's value and index types (section 3.6)."""
+        import scipy.sparse as sp
+
+        queue = self.device.queue
+        host = {}
+        for name, dtype in (("row_ptr", self.index_dtype), ("col_idx", self.index_dtype),
+                            ("values", self.dtype)):
+            n = self.shape[0] + 1 if name == "row_ptr" else None
+            buf = self.buffers[name]
+            arr = np.empty(buf.size // dtype.itemsize, dtype=dtype)
+            cl.enqueue_copy(queue, arr, buf)
+            host[name] = arr[:n] if n is not None else arr
+        nnz = int(host["row_ptr"][-1])
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        indices = untranspose_tiles(host["col_idx"][:nnz], omega, sigma)
+        data = untranspose_tiles(host["values"][:nnz], omega, sigma)
+        A = sp.csr_matrix((data, indices, host["row_ptr"]), shape=self.shape)
+        A.has_sorted_indices = False  # as stored: never re-sorted
+        return A
+
+    # -- kernels ------------------------------------------------------------------------
+    def _template_params(self):
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        y_bits, seg_bits, words = field_bits(omega, sigma)
+        return {"omega": omega, "sigma": sigma, "y_bits": y_bits, "seg_bits": seg_bits,
+                "desc_words": words, "segmented_sum": self.params["segmented_sum"],
+                "has_empty_offset": self.has_empty_offset}
+
+    def kernel(self):
+        if not self._kernels:
+            kernels, wg = self.build_kernels(
+                self.template, ["csr5_compute", "csr5_calibrate"],
+                self.params["work_group_size"], min_work_group_size=self.params["omega"],
+                **self._template_params())
+            self.params["work_group_size"] = wg
+            self._kernels.update(kernels)
+        return self._kernels
+
+    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
+        kernels = self.kernel()
+        real, idx = self.dtype.type, self.index_dtype.type
+        alpha, beta = real(alpha), real(beta)
+        b = self.buffers
+        events = list(wait_for or [])
+        if self.n_full_tiles:
+            wg = self.params["work_group_size"]
+            tiles_per_group = wg // self.params["omega"]
+            groups = -(-self.n_full_tiles // tiles_per_group)
+            # Without empty rows empty_offset is never read: row_ptr stands in for it.
+            eo_ptr = b.get("empty_offset_ptr", b["row_ptr"])
+            eo = b.get("empty_offset", b["row_ptr"])
+            k = kernels["csr5_compute"]
+            k.set_args(idx(self.n_full_tiles), b["tile_ptr"], b["tile_desc"], eo_ptr, eo,
+                       b["col_idx"], b["values"], x_buf, y_buf, self.head, self.tail,
+                       alpha, beta)
+            events = [launch_kernel(queue, k, groups * wg, wg, wait_for=events)]
+        work = self.n_tiles + self.n_tail_rows
+        if work:
+            cwg = min(CALIBRATE_WORK_GROUP_SIZE, self.profile.max_work_group_size)
+            k = kernels["csr5_calibrate"]
+            k.set_args(idx(self.n_tiles), idx(self.n_full_tiles), idx(self.tail_row_begin),
+                       idx(self.shape[0]), b["row_ptr"], b["tile_ptr"], b["col_idx"],
+                       b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta)
+            events = [launch_kernel(queue, k, -(-work // cwg) * cwg, cwg, wait_for=events)]
+        if not events:  # m == 0: nothing to do
+            return cl.enqueue_marker(queue, wait_for=wait_for)
+        return events[0]

@@ -1,0 +1,186 @@
+"""CSR5's tile height sigma (Liu & Vinter, section 3.2) and a short calibration of its
+bounds for devices the paper did not measure.
+
+The rule maps the mean row length ``nnz/row`` to sigma through four device bounds
+``<r, s, t, u>``: sigma = r for short rows, nnz/row between r and s, s up to t, and the
+small u beyond t (a tile then usually lies inside one row, where the segmented sum is
+a plain reduction).  The paper's values are defaults per device class;
+:func:`calibrate_bounds` measures bounds for the device at hand (explicitly: never run
+implicitly by SpMV) and remembers them in a small JSON file in the kernel cache
+directory, which the rule reads from then on.
+"""
+
+import json
+import os
+import statistics
+import tempfile
+
+import numpy as np
+
+#: The paper's bounds <r, s, t, u>: Maxwell and GCN GPUs (double precision, section
+#: 3.2); on CPUs and Xeon Phi sigma is fixed (16 and 12), i.e. r = s = u.
+DEFAULT_BOUNDS = {
+    "nvidia": (4, 32, 256, 4),
+    "amd": (4, 7, 256, 4),
+    "gpu": (4, 32, 256, 4),
+    "cpu": (16, 16, 256, 16),
+    "accelerator": (12, 12, 256, 12),
+}
+
+BOUNDS_FILE = "csr5-bounds-v1.json"
+
+# Calibration: sigma candidates and generated matrices spanning the rule's regimes
+# (short rows -> r, medium -> s, long rows -> u), about 2**18 non-zeros each.
+CALIBRATION_SIGMAS = (4, 8, 16, 32)
+CALIBRATION_ROW_LENGTHS = (3, 12, 40, 600)
+CALIBRATION_NNZ = 2**18
+
+
+def sigma_rule(nnz_per_row, bounds):
+    """The paper's sigma for a mean row length (integer part, as the authors' code)."""
+    r, s, t, u = bounds
+    npr = int(nnz_per_row)
+    if npr <= r:
+        return r
+    if npr <= s:
+        return npr
+    if npr <= t:
+        return s
+    return u
+
+
+def device_class(profile):
+    if profile.is_gpu:
+        return profile.vendor_family if profile.vendor_family in ("nvidia", "amd") else "gpu"
+    return "accelerator" if profile.device_type == "accelerator" else "cpu"
+
+
+def _bounds_key(profile, dtype, omega):
+    return "|".join((*profile.identity(), profile.device_type, f"omega={omega}",
+                     np.dtype(dtype).name))
+
+
+def _bounds_path():
+    from ..cache import cache_dir
+
+    root = cache_dir()
+    return None if root is None else root / BOUNDS_FILE
+
+
+def _read_remembered():
+    """The remembered bounds as a dict (empty when absent, unreadable or garbage)."""
+    path = _bounds_path()
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _valid_bounds(value):
+    if not isinstance(value, (list, tuple)) or len(value) != 4:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        return None
+    r, s, t, u = value
+    return (r, s, t, u) if r <= s <= t else None
+
+
+def remembered_bounds(profile, dtype, omega):
+    """Bounds measured earlier for this device, dtype and omega, or None."""
+    return _valid_bounds(_read_remembered().get(_bounds_key(profile, dtype, omega)))
+
+
+def bounds_for(profile, dtype, omega):
+    """Remembered bounds when present, else the paper's default for the device class."""
+    return remembered_bounds(profile, dtype, omega) or DEFAULT_BOUNDS[device_class(profile)]
+
+
+def remember_bounds(profile, dtype, omega, bounds):
+    """Store ``bounds`` for this device (atomic temp file + rename; a missing or garbage
+    file is replaced).  Returns the path, or None when the cache directory is off."""
+    path = _bounds_path()
+    if path is None:
+        return None
+    data = _read_remembered()
+    data[_bounds_key(profile, dtype, omega)] = [int(b) for b in bounds]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def fit_bounds(best_sigma):
+    """Bounds <r, s, t, u> from the best sigma measured at a few mean row lengths
+    (dict row length -> sigma): r from the shortest rows, s the largest best sigma of
+    the medium ones (at least r), u from the longest rows, t between the last medium
+    and the long length (the paper's 256 when that lies between them)."""
+    lengths = sorted(best_sigma)
+    r = best_sigma[lengths[0]]
+    medium = lengths[1:-1] or lengths[:1]
+    s = max([r] + [best_sigma[n] for n in medium])
+    u = best_sigma[lengths[-1]]
+    t = 256 if medium[-1] < 256 < lengths[-1] else (medium[-1] + lengths[-1]) // 2
+    return (r, s, max(s, t), u)
+
+
+def _median_product_seconds(op, x_dev, y_dev, repeats):
+    from ..formats.base import record_launches
+
+    times = []
+    for i in range(repeats + 1):
+        with record_launches() as events:
+            op.matvec(x_dev, out=y_dev)
+        op.queue.finish()
+        if i:  # the first run warms up
+            times.append(sum(e.profile.end - e.profile.start for e in events) * 1e-9)
+    return statistics.median(times)
+
+
+def calibrate_bounds(device=None, dtype=np.float32, *, row_lengths=CALIBRATION_ROW_LENGTHS,
+                     sigmas=CALIBRATION_SIGMAS, nnz=CALIBRATION_NNZ, repeats=5, remember=True):
+    """Measure the bounds <r, s, t, u> for ``device`` and ``dtype``: time CSR5 with each
+    of ``sigmas`` on generated matrices with the given mean ``row_lengths``, fit the
+    bounds to the fastest sigma of each (:func:`fit_bounds`) and, with ``remember``,
+    store them so that the sigma rule uses them from then on.  Takes a few seconds
+    (mostly kernel builds on first use).  Returns ``(bounds, best_sigma)``."""
+    import pyopencl.array as cla
+
+    from .. import generators
+    from ..device import get_device
+    from ..matrix import SpMV
+
+    device = get_device(device)
+    dtype = np.dtype(dtype)
+    row_lengths = sorted({int(n) for n in row_lengths})
+    if len(row_lengths) < 2:
+        raise ValueError("calibrate_bounds needs at least two row lengths")
+    best = {}
+    omega = None
+    for length in row_lengths:
+        rows = max(1, nnz // length)
+        A = generators.random_uniform(rows, max(rows, length), nnz_per_row=length, seed=length)
+        rng = np.random.default_rng(length)
+        x_dev = cla.to_device(device.queue, rng.uniform(-1, 1, A.shape[1]).astype(dtype))
+        y_dev = cla.empty(device.queue, A.shape[0], dtype)
+        timings = {}
+        for sigma in sigmas:
+            op = SpMV(A, format="csr5", dtype=dtype, device=device, sigma=int(sigma))
+            omega = op.params["omega"]
+            timings[int(sigma)] = _median_product_seconds(op, x_dev, y_dev, repeats)
+        best[length] = min(timings, key=timings.get)
+    bounds = fit_bounds(best)
+    if remember:
+        remember_bounds(device.profile, dtype, omega, bounds)
+    return bounds, best
