@@ -38,6 +38,11 @@ SUITES = {
                       "denserows:2000000,4"],
         "shared": [(name, 32) for name in SHARED],
     },
+    # The GPU suite in two halves, each within one 10-minute call on the lent GPU machine.
+    "gpu-generated": {"generated": ["poisson2d:3000", "poisson3d:200", "random:3000000,10",
+                                    "powerlaw:2000000,8", "rmat:21,16", "banded:5000000,5",
+                                    "denserows:2000000,4"], "shared": []},
+    "gpu-shared": {"generated": [], "shared": [(name, 32) for name in SHARED]},
     # A quick smoke run.
     "quick": {"generated": ["poisson2d:300", "powerlaw:50000,8"], "shared": []},
 }
@@ -66,6 +71,9 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--out", required=True, help="output path without extension")
+    parser.add_argument("--tune-first", action="store_true",
+                        help="run `pyspmv-cl tune` on the suite first, so that auto uses "
+                             "measured decisions from the tuning database")
     args = parser.parse_args(argv)
 
     device = get_device(args.device)
@@ -82,9 +90,15 @@ def main(argv=None):
             json.dumps({"environment": env, "results": results}, indent=1, default=str) + "\n")
         out.with_suffix(".md").write_text(bench.format_table(env, results) + "\n")
 
+    if args.tune_first:
+        from pyspmv_cl.cli import main as cli_main
+        tune_args = ["tune", "--dtype", "both" if args.dtype == "both" else args.dtype]
+        if args.device:
+            tune_args += ["--device", args.device]
+        cli_main(tune_args + suite_specs(args.suite))
     env, results = bench.run(suite_specs(args.suite), device, fmts,
                              [np.dtype(d) for d in dtypes], peers, repeats=args.repeat,
-                             min_time=args.min_time, progress=bench.stderr_progress(),
+                             min_time=args.min_time, progress=bench.ProgressBar(),
                              checkpoint=save)
     save(env, results)
     print(bench.format_table(env, results))

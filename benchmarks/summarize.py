@@ -10,8 +10,8 @@ import sys
 
 from pyspmv_cl.bench import format_table, summary_lines
 
-ORDER = ["csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb", "auto",
-         "scipy", "torch-csr", "mkl", "cusparse"]
+ORDER = ["csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb", "cmrs",
+         "csr5", "bccoo", "auto", "scipy", "torch-csr", "mkl", "cusparse"]
 
 
 def pivot(results, dtype):
@@ -22,7 +22,8 @@ def pivot(results, dtype):
            "|---|---:|" + "---:|" * len(impls) + "---|"]
     for m in matrices:
         t = {r["impl"]: r for r in rows if r["matrix"] == m}
-        best = min(v["seconds"] for k, v in t.items() if v.get("kind") == "pyspmv_cl")
+        best = min(v["seconds"] for k, v in t.items()
+                   if v.get("kind") == "pyspmv_cl" and k != "auto")
         cells = []
         for i in impls:
             if i not in t:

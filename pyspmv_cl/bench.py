@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from . import codegen
 from .cache import get_program
-from .formats.base import launch_kernel, program_kernels, record_launches
+from .formats.base import format_bytes, launch_kernel, program_kernels, record_launches
 from .matrix import SpMV
 from .peers import available_peers, time_peer
 
@@ -95,6 +95,7 @@ def _record(name, csr, dtype, impl, seconds, copy_gbps, rel_err, **extra):
     gbps = min_bytes(csr, dtype) / seconds / 1e9
     row = {"matrix": name, "rows": csr.shape[0], "cols": csr.shape[1], "nnz": int(csr.nnz),
            "dtype": np.dtype(dtype).name, "impl": impl, "seconds": seconds,
+           "min_bytes": min_bytes(csr, dtype),
            "gflops": flops / seconds / 1e9, "gbps": gbps,
            "pct_copy_bw": 100.0 * gbps / copy_gbps if copy_gbps else None,
            "rel_err": rel_err}
@@ -103,64 +104,139 @@ def _record(name, csr, dtype, impl, seconds, copy_gbps, rel_err, **extra):
 
 
 def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_time=0.3,
-                 copy_gbps=None, progress=None):
-    """Results (list of dicts) for one matrix: each format and each peer, each dtype."""
+                 copy_gbps=None, progress=None, rounds=5):
+    """Results (list of dicts) for one matrix: each format and each peer, each dtype.
+
+    Every implementation of one dtype is prepared first, then timed in ``rounds``
+    interleaved rounds (a slice of the samples each, in turn), so that a change of
+    machine load during the run affects all of them alike instead of favouring
+    whichever ran in a quiet moment."""
     csr = sp.csr_matrix(A)
     A64 = csr.astype(np.float64)
     rng = np.random.default_rng(12345)
     x64 = rng.uniform(-1.0, 1.0, csr.shape[1])
     y_ref = A64 @ x64
     results = []
+
+    def failed(dtype, impl, exc):
+        results.append({"matrix": name, "dtype": dtype.name, "impl": impl,
+                        "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+
     for dtype in dtypes:
         dtype = np.dtype(dtype)
         if dtype == np.float64 and not device.profile.fp64:
             continue
+        x_host = x64.astype(dtype)
+        timed = []   # (impl, sample() -> seconds, finish(seconds) -> record or None)
         for fmt in formats:
             if progress:
                 progress(f"{name} {dtype.name} {fmt}")
             try:
                 op = SpMV(csr, format=fmt, dtype=dtype, device=device)
             except Exception as exc:  # a format refusing a matrix is a result, not a crash
-                results.append({"matrix": name, "dtype": dtype.name, "impl": fmt,
-                                "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+                failed(dtype, fmt, exc)
                 continue
-            seconds, wall, y = _time_operator(op, x64.astype(dtype), repeats, min_time)
-            results.append(_record(
-                name, csr, dtype, fmt, seconds, copy_gbps, relative_error(y, y_ref, A64, x64),
-                kind="pyspmv_cl", format=op.format, params=op.params, nbytes=op.nbytes,
-                call_seconds=wall, conversion_seconds=op.conversion_time,
-                conversion_spmvs=op.conversion_time / seconds))
+            timed.append((fmt, *_operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps,
+                                                (y_ref, A64, x64))))
         for peer in peers:
             if progress:
                 progress(f"{name} {dtype.name} {peer.name}")
-            try:
-                seconds, y = time_peer(peer, csr, x64, dtype, repeats=repeats, min_time=min_time)
-            except Exception as exc:
-                results.append({"matrix": name, "dtype": dtype.name, "impl": peer.name,
-                                "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+            if peer.device != "cpu":   # CUDA-event timing of its own
+                try:
+                    seconds, y = time_peer(peer, csr, x64, dtype, repeats=repeats,
+                                           min_time=min_time)
+                except Exception as exc:
+                    failed(dtype, peer.name, exc)
+                    continue
+                results.append(_record(name, csr, dtype, peer.name, seconds, copy_gbps,
+                                       relative_error(y, y_ref, A64, x64), kind="peer"))
                 continue
-            results.append(_record(name, csr, dtype, peer.name, seconds, copy_gbps,
-                                   relative_error(y, y_ref, A64, x64), kind="peer"))
+            try:
+                f = peer.prepare(csr, dtype)
+                xh = np.ascontiguousarray(x64, dtype=dtype)
+                y = np.asarray(f(xh))
+            except Exception as exc:
+                failed(dtype, peer.name, exc)
+                continue
+            timed.append((peer.name, _wall_sample(f, xh), _peer_finish(
+                name, csr, dtype, peer.name, copy_gbps, relative_error(y, y_ref, A64, x64))))
+        samples = _interleaved(timed, repeats, min_time, rounds)
+        for (impl, _, finish), got in zip(timed, samples):
+            try:
+                results.append(finish(statistics.median(got)))
+            except Exception as exc:
+                failed(dtype, impl, exc)
     return results
 
 
-def _time_operator(op, x_host, repeats, min_time):
-    """(median device seconds of one product on device-resident vectors, all its
-    kernels included, median wall seconds of a whole host-to-host ``op @ x``, the
-    result)."""
+def _interleaved(timed, repeats, min_time, rounds):
+    """Samples of each ``sample()`` in ``timed``: three warm-up calls each, then
+    ``rounds`` rounds, each taking ``repeats / rounds`` samples (and ``min_time /
+    rounds`` seconds at least) of every implementation in turn."""
+    for _, sample, _ in timed:
+        for _ in range(3):
+            sample()
+    per_round = max(1, -(-repeats // rounds))
+    slice_time = min_time / rounds
+    samples = [[] for _ in timed]
+    for _ in range(rounds):
+        for k, (_, sample, _) in enumerate(timed):
+            start = time.perf_counter()
+            taken = 0
+            while taken < per_round or (time.perf_counter() - start < slice_time
+                                        and taken < 50 * per_round):
+                samples[k].append(sample())
+                taken += 1
+    return samples
+
+
+def _wall_sample(f, x):
+    def sample():
+        t = time.perf_counter()
+        f(x)
+        return time.perf_counter() - t
+    return sample
+
+
+def _peer_finish(name, csr, dtype, impl, copy_gbps, rel_err):
+    def finish(seconds):
+        return _record(name, csr, dtype, impl, seconds, copy_gbps, rel_err, kind="peer")
+    return finish
+
+
+def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
+    """(sample, finish) for one operator: ``sample()`` is the device seconds of one
+    product on device-resident vectors, all its kernels included; ``finish(seconds)``
+    adds the wall time of whole host-to-host calls and the error, and makes the row."""
     x_dev = cla.to_device(op.queue, x_host)
     y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
-    seconds = _median_seconds(
-        lambda: _launches_seconds(lambda: op.matvec(x_dev, out=y_dev)),
-        op.queue, 3, repeats, min_time)
-    wall = statistics.median(_wall_times(lambda: op @ x_host, 5))
-    return seconds, wall, op @ x_host
+
+    def sample():
+        return _launches_seconds(lambda: op.matvec(x_dev, out=y_dev))
+
+    def finish(seconds):
+        wall = statistics.median(_wall_times(lambda: op @ x_host, 5, min_time=0.05))
+        y = op @ x_host
+        extra = {}
+        if op.tuning is not None:
+            extra = {"explanation": op.explanation, "tuning_source": op.tuning.source,
+                     "tuning_seconds": op.tuning.tuning_seconds}
+        return _record(
+            name, csr, dtype, fmt, seconds, copy_gbps, relative_error(y, *reference),
+            kind="pyspmv_cl", format=op.format, params=op.params, nbytes=op.nbytes,
+            call_seconds=wall, conversion_seconds=op.conversion_time,
+            conversion_spmvs=op.conversion_time / seconds if seconds else None, **extra)
+    return sample, finish
 
 
-def _wall_times(fn, count):
+def _wall_times(fn, count, min_time=0.0, max_count=200):
+    """Wall seconds of ``fn()`` after one warm-up: ``count`` samples at least, more
+    until ``min_time`` has passed (short calls are noisy)."""
     fn()
     out = []
-    for _ in range(count):
+    start = time.perf_counter()
+    while len(out) < count or (time.perf_counter() - start < min_time
+                               and len(out) < max_count):
         t = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t)
@@ -178,6 +254,11 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
     skipped = {p.name: p.reason for p in detected if not p.available}
     if device.profile.device_type != "gpu":
         peers = [p for p in peers if p.name != "cusparse"]
+    if progress is not None and hasattr(progress, "total"):
+        per_dtype = sum(1 for d in dtypes if np.dtype(d) != np.float64 or device.profile.fp64)
+        progress.total = 1 + len(specs) * (1 + per_dtype * (len(formats) + len(peers)))
+    if progress:
+        progress("measuring copy bandwidth")
     copy_gbps = copy_bandwidth(device)
     env = environment(device, copy_gbps, [p.name for p in peers], skipped)
     results = []
@@ -222,23 +303,27 @@ def format_table(env, results):
         f"copy bandwidth {env['copy_gbps']:.1f} GB/s",
         "",
         "| matrix | rows | nnz | dtype | impl | GFLOP/s | GB/s | % copy BW | kernel ms "
-        "| call ms | conv (SpMVs) | rel err | params |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| call ms | conv (SpMVs) | rel err | nbytes | params |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['matrix']} | | | {r.get('dtype', '')} | {r['impl']} | "
-                         f"refused: {r['error']} | | | | | | | |")
+                         f"refused: {r['error']} | | | | | | | | |")
             continue
         params = r.get("params") or {}
         ptext = " ".join(f"{k}={v}" for k, v in params.items() if k != "index_bits")
         call = f"{r['call_seconds'] * 1e3:.3f}" if "call_seconds" in r else ""
-        conv = f"{r['conversion_spmvs']:.0f}" if "conversion_spmvs" in r else ""
+        if r["impl"] == "auto" and r.get("format"):
+            ptext = f"{r['format']}: {ptext}" + (f" ({r['tuning_source']})"
+                                                if r.get("tuning_source") else "")
+        conv = f"{r['conversion_spmvs']:.0f}" if r.get("conversion_spmvs") is not None else ""
         pct = f"{r['pct_copy_bw']:.0f}" if r.get("pct_copy_bw") is not None else ""
+        nbytes = format_bytes(r["nbytes"]) if r.get("nbytes") is not None else ""
         lines.append(
             f"| {r['matrix']} | {r['rows']} | {r['nnz']} | {r['dtype']} | {r['impl']} | "
             f"{r['gflops']:.2f} | {r['gbps']:.1f} | {pct} | {r['seconds'] * 1e3:.3f} | "
-            f"{call} | {conv} | {r['rel_err']:.1e} | {ptext} |")
+            f"{call} | {conv} | {r['rel_err']:.1e} | {nbytes} | {ptext} |")
     lines += ["", *summary_lines(results)]
     if env.get("peers_unavailable"):
         lines.append("")
@@ -278,13 +363,140 @@ def summary_lines(results):
                 ratios.append(f"{dtype}: speed of the best pyspmv_cl format per matrix "
                               f"relative to {impl}: {g:.2f}x (geometric mean over "
                               f"{len(common)} matrices; >1 = faster)")
+        ratios += _auto_lines(dtype, by_impl, ours, rows)
     return lines + [""] + ratios
 
 
-def stderr_progress(total=None):
-    counter = {"n": 0}
+def _auto_lines(dtype, by_impl, ours, rows):
+    """How ``auto`` compares with the best single format per matrix and with each peer."""
+    import math
 
-    def report(message):
-        counter["n"] += 1
-        print(f"[{counter['n']}] {message}", file=sys.stderr, flush=True)
-    return report
+    auto = by_impl.get("auto")
+    singles = [i for i in ours if i != "auto"]
+    if not auto or not singles:
+        return []
+    out = []
+    best = {m: min(by_impl[i][m] for i in singles if m in by_impl[i]) for m in auto
+            if any(m in by_impl[i] for i in singles)}
+    if best:
+        slow = {m: auto[m] / best[m] for m in best}
+        worst = max(slow, key=slow.get)
+        g = math.exp(sum(math.log(v) for v in slow.values()) / len(slow))
+        out.append(f"{dtype}: auto's time relative to the best single format per matrix: "
+                   f"geometric mean {g:.2f}x, worst {slow[worst]:.2f}x ({worst}); "
+                   f"{sum(v > 1.1 for v in slow.values())} of {len(slow)} matrices over 1.10x")
+    for impl in sorted({r["impl"] for r in rows if r.get("kind") == "peer"}):
+        common = [m for m in by_impl[impl] if m in auto]
+        if common:
+            g = math.exp(sum(math.log(by_impl[impl][m] / auto[m]) for m in common)
+                         / len(common))
+            out.append(f"{dtype}: speed of auto relative to {impl}: {g:.2f}x (geometric mean "
+                       f"over {len(common)} matrices; >1 = faster)")
+    return out
+
+
+class ProgressBar:
+    """A progress bar on stderr (no dependency): redrawn in place on a terminal, one
+    line per step otherwise (logs).  Call it with the step about to start; set
+    ``total`` when known.  ``close()`` ends the line."""
+
+    def __init__(self, total=None, stream=None, width=24):
+        self.total = total
+        self.done = 0
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.start = time.perf_counter()
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self._last_len = 0
+
+    def render(self, message):
+        elapsed = time.perf_counter() - self.start
+        if self.total:
+            frac = min(1.0, self.done / self.total)
+            filled = int(round(frac * self.width))
+            bar = "#" * filled + "." * (self.width - filled)
+            return (f"[{bar}] {int(self.done):>{len(str(self.total))}}/{self.total} "
+                    f"{100 * frac:3.0f}% {elapsed:6.1f}s  {message}")
+        return f"[{self.done}] {elapsed:6.1f}s  {message}"
+
+    def __call__(self, message):
+        """Show ``message`` as the step now starting, then count it."""
+        self.show(message)
+        self.done += 1
+
+    def show(self, message, done=None):
+        """Redraw with ``done`` (may be fractional) steps complete."""
+        if done is not None:
+            self.done = done
+        line = self.render(message)
+        if self.tty:
+            pad = max(0, self._last_len - len(line))
+            self.stream.write("\r" + line + " " * pad)
+            self._last_len = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self, message="done"):
+        self.done = self.total or self.done
+        line = self.render(message)
+        if self.tty:
+            self.stream.write("\r" + line + " " * max(0, self._last_len - len(line)) + "\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def stderr_progress(total=None):
+    return ProgressBar(total)
+
+
+def plot_roofline(env, results, path):
+    """A roofline-style chart: GFLOP/s against arithmetic intensity (2*nnz flops per
+    minimum byte, DESIGN.md's metric), one marker per implementation, and the
+    memory roof at the measured copy bandwidth.  Needs matplotlib (the bench extra)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'pyspmv-cl[bench]' "
+                          "(or pip install matplotlib)") from None
+    ok = [r for r in results if "error" not in r and r.get("seconds") and r.get("min_bytes")]
+    if not ok:
+        raise ValueError("nothing to plot: no successful result")
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    impls = sorted({r["impl"] for r in ok}, key=lambda i: (i != "auto", i))
+    markers = "o^sDvP*Xh<>pd"
+    for k, impl in enumerate(impls):
+        for dtype, fill in (("float32", True), ("float64", False)):
+            rows = [r for r in ok if r["impl"] == impl and r["dtype"] == dtype]
+            if not rows:
+                continue
+            xs = [2.0 * r["nnz"] / r["min_bytes"] for r in rows]
+            ys = [r["gflops"] for r in rows]
+            color = f"C{k % 10}"
+            ax.scatter(xs, ys, marker=markers[k % len(markers)], s=36, label=f"{impl} {dtype}",
+                       facecolors=color if fill else "none", edgecolors=color,
+                       alpha=0.85, zorder=3)
+    xs_all = [2.0 * r["nnz"] / r["min_bytes"] for r in ok]
+    lo, hi = min(xs_all) / 1.5, max(xs_all) * 1.5
+    if env.get("copy_gbps"):
+        roof = env["copy_gbps"]
+        ax.plot([lo, hi], [roof * lo, roof * hi], "k--", lw=1,
+                label=f"copy bandwidth roof ({roof:.1f} GB/s)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (flop per minimum byte, CSR with 32-bit indices)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(f"SpMV on {env.get('device', '?')}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,4 +1,4 @@
-"""The ``pyspmv-cl`` command: ``devices`` and ``bench``."""
+"""The ``pyspmv-cl`` command: ``devices``, ``bench`` and ``tune``."""
 
 import argparse
 import json
@@ -65,13 +65,27 @@ def _cmd_bench(args):
             return 2
     peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
     specs = args.matrices or list(DEFAULT_SPECS)
-    progress = None if args.quiet else bench.stderr_progress()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (fail before the runs, not after)
+        except ImportError:
+            print("pyspmv-cl bench: --plot needs matplotlib: pip install 'pyspmv-cl[bench]' "
+                  "(or pip install matplotlib)", file=sys.stderr)
+            return 2
+    progress = None if args.quiet else bench.ProgressBar()
     try:
         env, results = bench.run(specs, device, formats, [np.dtype(d) for d in dtypes], peers,
                                  repeats=args.repeat, min_time=args.min_time, progress=progress)
     except ValueError as exc:  # bad matrix spec or peer name: a message, not a traceback
+        if progress:
+            progress.close("failed")
         print(f"pyspmv-cl bench: {exc}", file=sys.stderr)
         return 2
+    if progress:
+        progress.close()
+    if args.plot:
+        bench.plot_roofline(env, results, args.plot)
+        print(f"roofline chart written to {args.plot}", file=sys.stderr)
     if args.json:
         payload = json.dumps({"environment": env, "results": results}, indent=1, default=str)
         if args.json == "-":
@@ -81,6 +95,83 @@ def _cmd_bench(args):
                 fh.write(payload + "\n")
     if args.json != "-":
         print(bench.format_table(env, results))
+    return 0
+
+
+def _cmd_tune(args):
+    import time
+
+    from . import bench
+    from .device import get_device
+    from .generators import from_spec
+    from .inputs import resolve_dtype
+    from .tuning import MatrixFeatures, database_dir, select
+
+    device = get_device(args.device)
+    if args.dtype not in ("default", "float32", "float64", "both"):
+        print(f"unknown dtype {args.dtype!r}: use default, float32, float64 or both",
+              file=sys.stderr)
+        return 2
+    if args.budget is not None and args.budget <= 0:
+        print("--budget must be positive seconds", file=sys.stderr)
+        return 2
+    if args.expected_calls is not None and args.expected_calls < 1:
+        print("--expected-calls must be a positive integer", file=sys.stderr)
+        return 2
+    jobs = []
+    for spec in args.matrices:
+        try:
+            name, A = from_spec(spec)
+        except ValueError as exc:
+            print(f"pyspmv-cl tune: {exc}", file=sys.stderr)
+            return 2
+        if A.dtype.kind == "c":
+            print(f"pyspmv-cl tune: {name}: complex matrices are not supported", file=sys.stderr)
+            continue
+        dtypes = ([np.float32, np.float64] if args.dtype == "both" else
+                  [resolve_dtype(None, A.dtype, device.profile)] if args.dtype == "default"
+                  else [np.dtype(args.dtype)])
+        jobs += [(name, A, np.dtype(d)) for d in dtypes
+                 if np.dtype(d) != np.float64 or device.profile.fp64]
+    bar = None if args.quiet else bench.ProgressBar(total=len(jobs))
+    rows = []
+    for name, A, dtype in jobs:
+        csr = A.tocsr()
+        if bar:
+            before = bar.done
+            bar.show(f"{name} {dtype.name}: fingerprint")
+
+            def progress(k, total, text, label=f"{name} {dtype.name}", before=before):
+                bar.show(f"{label}: timing {text}", before + (min(k, total) / total
+                                                               if total else 1))
+        else:
+            progress = None
+        start = time.perf_counter()
+        decision = select(csr, MatrixFeatures.from_csr(csr), device, dtype,
+                          tune="force" if args.force else "measure",
+                          expected_calls=args.expected_calls, budget=args.budget,
+                          progress=progress)
+        if bar:
+            bar.done = before + 1
+        rows.append({"matrix": name, "dtype": dtype.name, "format": decision.format,
+                     "params": decision.params, "source": decision.source,
+                     "kernel_seconds": decision.kernel_seconds,
+                     "seconds": time.perf_counter() - start,
+                     "explanation": decision.explanation})
+    if bar:
+        bar.close()
+    if args.json:
+        print(json.dumps({"device": device.profile.name, "database": str(database_dir()),
+                          "results": rows}, indent=1, default=str))
+        return 0
+    print(f"device: {device.profile.name} ({device.id}); tuning database: "
+          f"{database_dir() or 'memory only (PYSPMV_CL_NO_CACHE)'}")
+    for r in rows:
+        kernel = f"{r['kernel_seconds'] * 1e6:.1f} us" if r["kernel_seconds"] else "-"
+        print(f"{r['matrix']} {r['dtype']}: {r['format']} {r['params'] or ''} "
+              f"[{r['source']}, kernel {kernel}, {r['seconds']:.2f} s]")
+        if args.verbose:
+            print(f"    {r['explanation']}")
     return 0
 
 
@@ -114,7 +205,31 @@ def build_parser():
     p.add_argument("--json", metavar="FILE", help="also write results as JSON ('-': stdout only)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--list-generators", action="store_true", help="show matrix specs and exit")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw a roofline-style chart (needs matplotlib: the bench extra)")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "tune", help="tune format='auto' for matrices and store the decisions",
+        description="Measure the candidate formats for each matrix on the device and store "
+                    "the decision in the tuning database, so that SpMV(A, format='auto') "
+                    "reuses it in any later process without timing.")
+    p.add_argument("matrices", nargs="+", help="matrix specs or .mtx(.gz) files")
+    p.add_argument("--device", default=None, help="device selection (e.g. 0:1, cpu, gpu)")
+    p.add_argument("--dtype", default="default",
+                   help="float32, float64, both, or default (what SpMV would use: the "
+                        "matrix's float type)")
+    p.add_argument("--force", action="store_true",
+                   help="re-measure even when a decision is stored (and overwrite it)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="time allowed per matrix, building included (default 1.5 s per "
+                        "million non-zeros, at least 1 s)")
+    p.add_argument("--expected-calls", type=int, default=None, metavar="N",
+                   help="products the application will run: conversion time then counts")
+    p.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    p.add_argument("--verbose", "-v", action="store_true", help="print each explanation")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=_cmd_tune)
     return parser
 
 

@@ -9,8 +9,10 @@ import pyopencl.array as cla
 from .device import get_device
 from .errors import UnsupportedDtypeError
 from .formats import get_format
+from .formats.base import SpMVFormat, launch_kernel
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
-from .tuning import MatrixFeatures, choose_format
+from .tuning import MatrixFeatures
+from .tuning.tuner import select
 
 
 def _is_device_array(obj):
@@ -33,40 +35,76 @@ class SpMV:
         See :func:`pyspmv_cl.get_device` (a Device, a pyopencl Device/Context/
         CommandQueue, an index or a selection string).  Default: ``PYSPMV_CL_DEVICE``,
         else the first GPU, else the first CPU.
+    tune : None, True, False or "force"
+        With ``format="auto"``: ``None`` (default; ``PYSPMV_CL_TUNE`` changes it) reuses
+        a decision from the tuning database, else measures candidates on the device when
+        that pays off (at least 100k non-zeros, or ``expected_calls`` large enough),
+        else uses the rules; ``True`` measures unless a decision is stored; ``"force"``
+        re-measures and overwrites it; ``False`` uses the rules only.
+    expected_calls : int, optional
+        How many products the caller will run: the tuner then minimises kernel time x
+        calls + conversion time, and measures only when that can repay the tuning.
+    tune_budget : float, optional
+        Seconds the measurement may take, building included (default 1.5 s per million
+        non-zeros, at least 1 s; ``PYSPMV_CL_TUNE_BUDGET`` sets the per-million rate).
     **params
         Format parameters (e.g. ``vector_size=8``, ``work_group_size=128``,
         ``index_bits=64``); unknown names are refused.
 
-    Attributes: ``format``, ``params``, ``explanation``, ``nbytes`` (device
-    footprint of the matrix), ``shape``, ``dtype``, ``device``, ``conversion_time``
-    (seconds spent converting and uploading), ``build_time`` (seconds spent getting
-    the compiled kernel: near zero from the kernel cache).
+    Attributes: ``format``, ``params``, ``explanation`` (with ``format="auto"``: what
+    was chosen and why, with the measured times), ``tuning`` (the tuner's decision:
+    ``source`` is "model", "measured" or "database"; ``tuning_seconds``), ``nbytes``
+    (device footprint of the matrix), ``shape``, ``dtype``, ``device``,
+    ``conversion_time`` (seconds spent converting and uploading), ``build_time``
+    (seconds spent getting the compiled kernel: near zero from the kernel cache).
 
     One operator is not meant to be used from several threads at once: host vectors
     travel through per-operator staging buffers.
     """
 
-    def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, **params):
+    def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
+                 expected_calls=None, tune_budget=None, **params):
         self.device = get_device(device)
         profile = self.device.profile
         csr = as_host_csr(A, shape)
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.dtype = resolve_dtype(dtype, csr.dtype, profile)
         features = MatrixFeatures.from_csr(csr)
+        self.tuning = None
+        impl = None
         if format == "auto":
-            format, self.explanation = choose_format(features, profile, self.dtype)
+            self.tuning = select(csr, features, self.device, self.dtype, params, tune=tune,
+                                 expected_calls=expected_calls, budget=tune_budget)
+            format, impl = self.tuning.format, self.tuning.impl
+            params = {**params, **self.tuning.params}
+            self.explanation = self.tuning.explanation
+            self.tuning.impl = None  # the operator owns it now
         else:
+            if tune is not None or expected_calls is not None or tune_budget is not None:
+                raise ValueError("tune, expected_calls and tune_budget apply to "
+                                 "format='auto' only")
             self.explanation = "format chosen by the caller"
         fmt_cls = get_format(format)
-        resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
-        start = time.perf_counter()
-        self._impl = fmt_cls(csr, self.device, self.dtype, resolved)
-        self.conversion_time = time.perf_counter() - start
-        self._impl.kernel()  # compile now: build errors surface here
-        self.build_time = time.perf_counter() - start - self.conversion_time
+        if impl is not None:  # built and timed by the tuner: keep it
+            self._impl = impl
+            self.conversion_time = self.tuning.entry and next(
+                (c["conversion_seconds"] for c in self.tuning.entry["candidates"]
+                 if c["format"] == format and c["params"] == self.tuning.params), 0.0)
+            self.build_time = 0.0
+        else:
+            resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
+            start = time.perf_counter()
+            self._impl = fmt_cls(csr, self.device, self.dtype, resolved)
+            self.conversion_time = time.perf_counter() - start
+            self._impl.kernel()  # compile now: build errors surface here
+            self.build_time = time.perf_counter() - start - self.conversion_time
         self.format = format
         self.nbytes = self._impl.nbytes
         self._staging = {}
+        # Single-kernel formats launch through _launch's fast path (see there).
+        self._single_kernel = type(self._impl).enqueue is SpMVFormat.enqueue
+        self._args_key = None
+        self._geometry = None
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -136,7 +174,20 @@ class SpMV:
         return buf
 
     def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None):
-        return self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
+        impl = self._impl
+        if not self._single_kernel:
+            return impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
+        # What SpMVFormat.enqueue does, but the arguments are set only when they change:
+        # pyopencl's set_args costs ~25 µs on PoCL, as much as a small matrix's kernel.
+        # The operator owns its kernel object, so nobody else changes them.
+        kernel = impl.kernel()
+        key = (x_buf.int_ptr, y_buf.int_ptr, alpha, beta)
+        if key != self._args_key:
+            dt = impl.dtype.type
+            kernel.set_args(*impl._kernel_args(x_buf, y_buf, dt(alpha), dt(beta)))
+            self._geometry = impl._launch_geometry()
+            self._args_key = key
+        return launch_kernel(self.queue, kernel, *self._geometry, wait_for=wait_for)
 
     def _matvec_host(self, x, out, alpha, beta):
         x = np.asarray(x)

@@ -44,6 +44,63 @@ def test_bench_table_output():
                    "--min-time", "0.01", "--quiet", "banded:500,2")
     assert proc.returncode == 0, proc.stderr
     assert "| banded-500-2 |" in proc.stdout and "copy bandwidth" in proc.stdout
+    assert "| nbytes |" in proc.stdout and " KiB |" in proc.stdout
+
+
+def test_bench_progress_bar_and_nbytes():
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar,auto",
+                   "--peers", "scipy", "--dtype", "float32", "--repeat", "2",
+                   "--min-time", "0.01", "--json", "-", "poisson2d:20")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()   # not a terminal: one line per step
+    assert lines[0].startswith("[....") and " 0/5 " in lines[0]
+    assert lines[-1].startswith("[" + "#" * 24 + "] 5/5 100%")
+    rows = {r["impl"]: r for r in json.loads(proc.stdout)["results"]}
+    import scipy.sparse as sp
+
+    from pyspmv_cl import generators
+    A = generators.poisson2d(20)
+    assert rows["csr-scalar"]["nbytes"] == A.nnz * 8 + (A.shape[0] + 1) * 4
+    assert rows["auto"]["tuning_source"] == "model" and rows["auto"]["explanation"]
+    assert rows["scipy"]["min_bytes"] == (A.nnz * 8 + (A.shape[0] + 1) * 4 + 2 * A.shape[0] * 4)
+    for r in rows.values():   # the derived columns agree with the raw ones
+        assert abs(r["gflops"] - 2 * A.nnz / r["seconds"] / 1e9) < 1e-9 * r["gflops"] + 1e-12
+        assert abs(r["gbps"] - r["min_bytes"] / r["seconds"] / 1e9) < 1e-9 * r["gbps"] + 1e-12
+    assert sp.issparse(A)
+
+
+def test_progress_bar_rendering():
+    import io
+
+    from pyspmv_cl.bench import ProgressBar
+    stream = io.StringIO()
+    bar = ProgressBar(total=4, stream=stream, width=8)
+    bar("one")
+    bar("two")
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[........] 0/4   0%") and lines[0].endswith("one")
+    assert lines[1].startswith("[##......] 1/4  25%") and lines[1].endswith("two")
+    assert lines[2].startswith("[########] 4/4 100%")
+
+
+def test_bench_plot(tmp_path):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    target = tmp_path / "roofline.png"
+    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar",
+                   "--peers", "scipy", "--dtype", "float32", "--repeat", "2",
+                   "--min-time", "0.01", "--quiet", "--plot", str(target), "poisson2d:20")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert proc.returncode == 2 and "needs matplotlib" in proc.stderr
+        assert "Traceback" not in proc.stderr and not target.exists()
+        pytest.skip("matplotlib not installed (the clear error was checked)")
+    assert proc.returncode == 0, proc.stderr
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 
 # Diagonals are counted only for matrices that could suit DIA (short, even rows):
-# one bincount over the non-zeros, skipped for the rest.
+# one counting pass over the non-zeros (a sort when m + n dwarfs nnz), skipped for the rest.
 _DIAGONAL_SCAN_MAX_ROW = 64
 
 
@@ -45,9 +45,59 @@ class MatrixFeatures:
         if csr.nnz and max_row <= _DIAGONAL_SCAN_MAX_ROW and std <= 0.5 * mean:
             rows = np.repeat(np.arange(n_rows, dtype=np.int64), row_lengths)
             offsets = csr.indices.astype(np.int64) - rows + (n_rows - 1)
-            diagonals = int(np.count_nonzero(np.bincount(offsets, minlength=1)))
+            if n_rows + n_cols <= 4 * csr.nnz:     # a counting pass is cheapest
+                diagonals = int(np.count_nonzero(np.bincount(offsets, minlength=1)))
+            else:                                    # host memory in nnz, not m + n
+                diagonals = int(np.unique(offsets).size)
         return cls(
             n_rows=n_rows, n_cols=n_cols, nnz=int(csr.nnz), mean_row_length=mean,
             max_row_length=max_row, std_row_length=std,
             empty_rows=int(np.count_nonzero(row_lengths == 0)), diagonals=diagonals,
         )
+
+
+# -- what the tuner reads beyond MatrixFeatures, and the tuning database's key ----------
+
+def row_length_histogram(row_lengths):
+    """Rows per power-of-two length bucket: [empty, 1, 2-3, 4-7, 8-15, ...]."""
+    lengths = np.asarray(row_lengths, dtype=np.int64)
+    if lengths.size == 0:
+        return [0]
+    buckets = np.zeros(lengths.size, dtype=np.int64)
+    nonzero = lengths > 0
+    buckets[nonzero] = np.floor(np.log2(lengths[nonzero])).astype(np.int64) + 1
+    return [int(c) for c in np.bincount(buckets)]
+
+
+def bandwidth(csr):
+    """Largest |column - row| over the stored entries (0 for an empty matrix)."""
+    if csr.nnz == 0:
+        return 0
+    rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
+    return int(np.abs(csr.indices.astype(np.int64) - rows).max())
+
+
+def _structure_digest(csr):
+    """SHA-256 of the sparsity structure (indptr, indices), independent of the integer
+    types the caller used (int32 when the values fit, else int64)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for arr in (csr.indptr, csr.indices):
+        arr = np.asarray(arr)
+        if arr.dtype != np.int32:
+            wide = arr.size and (arr.max() > np.iinfo(np.int32).max or arr.min() < 0)
+            arr = arr.astype(np.int64 if wide else np.int32)
+        h.update(str(arr.dtype).encode())
+        h.update(np.ascontiguousarray(arr).data)
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+def fingerprint(csr, features=None):
+    """A JSON-able identity of the matrix structure: shape, nnz, row-length statistics
+    and a hash of indptr/indices (values do not change the best format)."""
+    f = features or MatrixFeatures.from_csr(csr)
+    return {"shape": [f.n_rows, f.n_cols], "nnz": f.nnz, "max_row": f.max_row_length,
+            "mean_row": round(f.mean_row_length, 6), "std_row": round(f.std_row_length, 6),
+            "empty_rows": f.empty_rows, "structure_sha256": _structure_digest(csr)}

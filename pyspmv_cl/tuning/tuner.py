@@ -1,0 +1,436 @@
+"""The measuring auto-tuner behind ``format="auto"``.
+
+1. Cheap models rank the candidates: every registered format (discovered at run time)
+   with the parameter sets its ``tuning_candidates`` proposes, pruned by padding
+   (DIA only for few, well-filled diagonals, the ELL family only when padding every
+   row to the longest costs at most ``MAX_PADDING`` times the non-zeros) and ordered
+   by a footprint/efficiency estimate; the rule-based ``choose_format`` goes first.
+2. The survivors are built and timed on the device (kernel time from profiling events,
+   after warm-up, median of a few runs), within a time budget (building included), and
+   checked against scipy: a candidate that raises or computes a wrong result is
+   skipped and named in the explanation.
+3. The winner minimises kernel time, or kernel time x ``expected_calls`` + conversion
+   time when the caller says how many products it will run.  Every measurement is
+   stored in the tuning database (database.py), so the same matrix on the same
+   device is decided again without timing, in any process.
+
+Policies (``tune=``): ``None``/``"auto"`` uses a stored decision, else measures when it
+pays (``nnz >= MEASURE_MIN_NNZ``, or ``expected_calls`` large enough to repay the
+budget), else the rules; ``True``/``"measure"`` measures unless stored; ``"force"``
+re-measures and overwrites; ``False``/``"model"`` uses the rules only.
+``PYSPMV_CL_TUNE`` sets the default policy, ``PYSPMV_CL_TUNE_BUDGET`` the default
+budget in seconds per million non-zeros.
+"""
+
+import dataclasses
+import os
+import statistics
+import time
+
+import numpy as np
+import pyopencl as cl
+
+from ..errors import FormatNotSuitableError
+from . import database
+from .features import bandwidth, fingerprint, row_length_histogram
+from .heuristics import choose_format
+
+TUNE_ENV = "PYSPMV_CL_TUNE"
+BUDGET_ENV = "PYSPMV_CL_TUNE_BUDGET"
+
+SECONDS_PER_MNNZ = 1.5      # default budget per million non-zeros (building included)
+MIN_BUDGET = 1.0            # ... but at least this: one cold PoCL compile costs ~0.5 s
+MEASURE_MIN_NNZ = 100_000   # without expected_calls, smaller matrices use the rules
+MAX_PADDING = 3.0           # ELL family: slots per non-zero worth timing
+DIA_MAX_FILL = 3.0
+MAX_FORMATS = 8             # formats timed in the first pass (budget permitting)
+ALT_FORMATS = 2             # best formats whose alternative parameter sets are timed
+ALT_PARAMS = 3              # alternatives per format
+FINALISTS = 3               # re-timed in alternation at the end (load changes hit all alike)
+CONFIRM_ROUNDS = 3
+PAYBACK = 0.25              # expected gain of measuring over the rules (share of kernel time)
+
+_POLICIES = {None: "auto", "auto": "auto", True: "measure", "measure": "measure",
+             False: "model", "model": "model", "force": "force"}
+
+
+@dataclasses.dataclass
+class Decision:
+    format: str
+    params: dict              # parameters to pass (on top of the caller's)
+    explanation: str
+    source: str               # "model", "measured" or "database"
+    impl: object = None       # the winner, already built, when measured now
+    kernel_seconds: float = None
+    tuning_seconds: float = 0.0
+    entry: dict = None
+
+
+def policy(tune):
+    if tune is None:
+        tune = os.environ.get(TUNE_ENV, "auto").strip().lower() or "auto"
+    try:
+        return _POLICIES[tune]
+    except (KeyError, TypeError):
+        raise ValueError(f"tune must be None/'auto', True/'measure', False/'model' or "
+                         f"'force', not {tune!r}") from None
+
+
+def default_budget(nnz):
+    per_m = SECONDS_PER_MNNZ
+    if os.environ.get(BUDGET_ENV):
+        try:
+            per_m = float(os.environ[BUDGET_ENV])
+        except ValueError:
+            raise ValueError(f"{BUDGET_ENV} must be seconds per million non-zeros, "
+                             f"not {os.environ[BUDGET_ENV]!r}") from None
+    return max(MIN_BUDGET, per_m * nnz / 1e6)
+
+
+def _us(seconds):
+    if seconds >= 1e-2:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+# -- cheap models -----------------------------------------------------------------------
+
+def _estimate(name, f, profile, dtype):
+    """(relative predicted time, None) or (None, why not worth timing), from the
+    footprint of each format and its efficiency seen in BENCHMARKS.md."""
+    v, i = np.dtype(dtype).itemsize, 4
+    m, nnz = f.n_rows, max(f.nnz, 1)
+    csr = nnz * (v + i) + (m + 1) * i
+    cpu = profile.is_cpu
+    skewed = f.max_row_length >= max(4096, 16 * f.mean_row_length)
+    padding = f.max_row_length * m / nnz
+    if name in ("ell", "ellr-t"):
+        if padding > MAX_PADDING:
+            return None, f"padding {padding:.1f}x > {MAX_PADDING:g}"
+        return m * f.max_row_length * (v + i) / (0.9 if name == "ell" else 0.85), None
+    if name == "dia":
+        if f.diagonals < 0:
+            return None, "rows too uneven for diagonals"
+        if f.diagonal_fill > DIA_MAX_FILL:
+            return None, f"{f.diagonals} diagonals, fill {f.diagonal_fill:.1f}x"
+        return f.diagonals * m * v, None
+    if name == "csr-vector":
+        return csr / (0.6 if f.mean_row_length >= 32 else 0.25 if cpu else 0.45), None
+    if name == "csr-scalar":
+        return csr / (0.9 if cpu else 0.5 if skewed else 0.8), None
+    if name == "sell":
+        if not cpu and skewed:
+            return None, "skewed rows serialise a slice on a GPU"
+        return csr * 1.1, None
+    if name == "coo":
+        return nnz * (v + 2 * i) / 0.7, None
+    if name == "hyb":
+        return csr * 1.2 / 0.7, None
+    return csr / 0.85, None   # formats without a model here: worth timing
+
+
+def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
+    """([(format, params)] in the order to time them, [(format, why skipped)])."""
+    ranked, skipped = [], []
+    for name, cls in registry.items():
+        try:
+            params_list = list(cls.tuning_candidates(f, profile, dtype, csr=csr))
+        except Exception as exc:  # a half-finished format must not break auto
+            skipped.append((name, f"tuning_candidates raised {type(exc).__name__}"))
+            continue
+        if not params_list:
+            skipped.append((name, "not worth trying"))
+            continue
+        cost, why = _estimate(name, f, profile, dtype)
+        if cost is None:
+            skipped.append((name, why))
+            continue
+        ranked.append((0 if name == rule_choice else 1, cost, name, params_list))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    return [(name, params_list) for _, _, name, params_list in ranked], skipped
+
+
+# -- measuring -------------------------------------------------------------------------
+
+class _Bench:
+    """Vectors and a scipy reference shared by every candidate of one tuning run."""
+
+    def __init__(self, csr, device, dtype):
+        self.queue = device.queue
+        self.dtype = np.dtype(dtype)
+        m, n = csr.shape
+        rng = np.random.default_rng(0)
+        x = rng.uniform(-1.0, 1.0, n)
+        A64 = csr.astype(np.float64)
+        self.y_ref = A64 @ x
+        self.scale = float(np.max(abs(A64) @ np.abs(x))) if csr.nnz and m else 1.0
+        mf = cl.mem_flags
+        self.x_buf = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                               hostbuf=np.ascontiguousarray(x, dtype=self.dtype).reshape(-1)
+                               if n else np.zeros(1, self.dtype))
+        self.y_buf = cl.Buffer(device.context, mf.READ_WRITE, max(1, m) * self.dtype.itemsize)
+        self.m = m
+
+    def launch_seconds(self, impl):
+        from ..formats.base import record_launches
+
+        with record_launches() as events:
+            impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
+        if not events:
+            return 0.0
+        events[-1].wait()
+        return (events[-1].profile.end - events[0].profile.start) * 1e-9
+
+    def error(self, impl):
+        """Relative error of this candidate's product (inf for NaN)."""
+        if not self.m:
+            return 0.0
+        impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
+        y = np.empty(self.m, self.dtype)
+        cl.enqueue_copy(self.queue, y, self.y_buf, is_blocking=True)
+        diff = np.abs(y.astype(np.float64) - self.y_ref)
+        worst = float(np.max(diff)) if diff.size else 0.0
+        return worst / self.scale if np.isfinite(worst) else float("inf")
+
+    def time(self, impl, best=None, min_samples=5, max_samples=30, min_time=0.02, warmup=2):
+        """Device seconds of a few products (a list); stops early when hopeless."""
+        for _ in range(warmup):   # the first launch pays for lazy setup
+            self.launch_seconds(impl)
+        samples = []
+        start = time.perf_counter()
+        while len(samples) < min_samples or (time.perf_counter() - start < min_time
+                                             and len(samples) < max_samples):
+            samples.append(self.launch_seconds(impl))
+            if best is not None and len(samples) >= 2 and min(samples) > 3 * best:
+                break   # hopeless: no need for a precise median
+        return samples
+
+
+def _plain(params):
+    """Parameters as JSON keeps them (numpy scalars -> Python numbers)."""
+    return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
+
+
+def _tolerance(dtype):
+    return 1e-3 if np.dtype(dtype) == np.float32 else 1e-9
+
+
+def _score(c, expected_calls):
+    if expected_calls:
+        return c["kernel_seconds"] * expected_calls + c["conversion_seconds"]
+    return c["kernel_seconds"]
+
+
+def measure(csr, features, device, dtype, user_params=None, *, budget=None,
+            expected_calls=None, registry=None, progress=None):
+    """Time the ranked candidates within ``budget`` seconds; returns (entry, the
+    winner's built implementation, the winner's record), the last two None when nothing
+    could be measured.  ``progress(done, total, text)`` is told of each step."""
+    from ..formats import FORMATS
+
+    registry = dict(FORMATS if registry is None else registry)
+    user_params = dict(user_params or {})
+    profile = device.profile
+    budget = default_budget(features.nnz) if budget is None else float(budget)
+    rule_choice, _ = choose_format(features, profile, dtype)
+    order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
+                                     csr=csr)
+    first = [(name, p[0]) for name, p in order[:MAX_FORMATS]]
+    skipped += [(name, "ranked lower by the model") for name, _ in order[MAX_FORMATS:]]
+    bench = _Bench(csr, device, dtype)
+    start = time.perf_counter()
+    results = []
+    finalists = []   # [(score, rec, impl, samples)], the best few so far
+    # Each finalist keeps its device buffers: only one when memory is tight.
+    csr_bytes = csr.nnz * (np.dtype(dtype).itemsize + 8) + csr.shape[0] * 8
+    keep = FINALISTS if 4 * (FINALISTS + 1) * csr_bytes < profile.global_mem_size else 1
+    costs = []
+
+    def run(name, params, alternative):
+        cls = registry[name]
+        t0 = time.perf_counter()
+        try:
+            resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
+            t_conv = time.perf_counter()
+            impl = cls(csr, device, dtype, resolved)
+            conversion = time.perf_counter() - t_conv
+            impl.kernel()
+            err = bench.error(impl)
+            if not err <= _tolerance(dtype):
+                raise ArithmeticError(f"wrong result (relative error {err:.1e})")
+            fastest = min((r["kernel_seconds"] for r in results), default=None)
+            samples = bench.time(impl, fastest)
+        except FormatNotSuitableError as exc:
+            skipped.append((name, "refused: " + str(exc).split(":", 2)[-1].strip()[:80]))
+            return
+        except Exception as exc:  # skip it and say so; never fail the caller
+            skipped.append((name, f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+                            if str(exc) else type(exc).__name__))
+            return
+        finally:
+            costs.append(time.perf_counter() - t0)
+        rec = {"format": name, "params": _plain(params),
+               "kernel_seconds": statistics.median(samples),
+               "conversion_seconds": conversion, "alternative": alternative,
+               "resolved": {k: v for k, v in impl.params.items()
+                            if isinstance(v, (int, float, str, bool, type(None)))}}
+        results.append(rec)
+        finalists.append((_score(rec, expected_calls), rec, impl, samples))
+        finalists.sort(key=lambda f: f[0])
+        del finalists[keep:]   # frees the others' device buffers
+
+    def within_budget():
+        elapsed = time.perf_counter() - start
+        predicted = statistics.median(costs) if costs else 0.0
+        return len(results) < 2 or elapsed + predicted <= budget
+
+    queue = [(name, params, False) for name, params in first]
+    total = len(queue)
+    for k, (name, params, alt) in enumerate(queue):
+        if not within_budget():
+            skipped += [(n, "over the time budget") for n, _, _ in queue[k:]]
+            break
+        if progress:
+            progress(k, total, name)
+        run(name, params, alt)
+    # Second pass: other parameter sets of the best formats.
+    by_format = sorted(results, key=lambda r: _score(r, expected_calls))
+    alternatives = []
+    for rec in by_format[:ALT_FORMATS]:
+        params_list = dict(order).get(rec["format"], [])
+        alternatives += [(rec["format"], p, True) for p in params_list[1:1 + ALT_PARAMS]]
+    for name, params, alt in alternatives:
+        if not within_budget():
+            break
+        if progress:
+            progress(total, total + len(alternatives), f"{name} {params}")
+        run(name, params, alt)
+    # The finalists again, in alternation: a change of machine load while the
+    # candidates were timed one after another must not decide between close ones.
+    if len(finalists) > 1:
+        if progress:
+            progress(1, 1, "finalists")
+        for _ in range(CONFIRM_ROUNDS):
+            for _, _rec, impl, samples in finalists:
+                samples += bench.time(impl, None, min_samples=3, max_samples=3, min_time=0,
+                                      warmup=1)
+        for f in finalists:
+            f[1]["kernel_seconds"] = statistics.median(f[3])
+        finalists.sort(key=lambda f: _score(f[1], expected_calls))
+    if progress:
+        progress(1, 1, "done")
+    elapsed = time.perf_counter() - start
+    entry = {"candidates": results, "skipped": [list(s) for s in skipped],
+             "tuning_seconds": elapsed, "budget_seconds": budget,
+             "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+             "device": profile.name, "dtype": np.dtype(dtype).name,
+             "row_length_histogram": row_length_histogram(np.diff(csr.indptr)),
+             "bandwidth": bandwidth(csr), "diagonals": features.diagonals}
+    if not results:
+        return entry, None, None
+    # The same rule as a later lookup (_pick): the lowest score over every candidate.
+    chosen = min(results, key=lambda r: _score(r, expected_calls))
+    impl = next((f[2] for f in finalists if f[1] is chosen), None)
+    return entry, impl, chosen
+
+
+def _describe(entry, chosen, expected_calls, how):
+    cands = sorted(entry["candidates"], key=lambda c: _score(c, expected_calls))
+    parts = []
+    for c in cands[:5]:
+        label = c["format"] + (f"{c['params']}" if c.get("alternative") else "")
+        text = f"{label} {_us(c['kernel_seconds'])}"
+        if expected_calls:
+            text += f" +conv {_us(c['conversion_seconds'])}"
+        parts.append(text)
+    objective = (f"kernel time x {expected_calls} calls + conversion" if expected_calls
+                 else "kernel time")
+    text = (f"{how}: {chosen['format']} has the lowest {objective} of "
+            f"{len(entry['candidates'])} candidates ({', '.join(parts)})")
+    if entry.get("skipped"):
+        groups = {}
+        for name, why in entry["skipped"]:
+            groups.setdefault(why, []).append(name)
+        text += "; skipped " + ", ".join(f"{', '.join(names)} ({why})"
+                                         for why, names in groups.items())
+    return text
+
+
+def _pick(entry, expected_calls, registry):
+    usable = [c for c in entry["candidates"] if c["format"] in registry]
+    return min(usable, key=lambda c: _score(c, expected_calls)) if usable else None
+
+
+def select(csr, features, device, dtype, user_params=None, *, tune=None, expected_calls=None,
+           budget=None, progress=None):
+    """The :class:`Decision` for ``format="auto"`` (see the module docstring)."""
+    from ..formats import FORMATS
+
+    mode = policy(tune)
+    if expected_calls is not None:
+        if isinstance(expected_calls, bool) or not isinstance(expected_calls, (int, np.integer)) \
+                or expected_calls < 1:
+            raise ValueError(f"expected_calls must be a positive integer, not {expected_calls!r}")
+        expected_calls = int(expected_calls)
+    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
+        raise ValueError(f"tune_budget must be positive seconds, not {budget!r}")
+    profile = device.profile
+    rule_format, rule_why = choose_format(features, profile, dtype)
+    if mode == "model" or features.nnz == 0 or features.n_rows == 0:
+        why = "rules only (tune=False)" if mode == "model" else "rules (empty matrix)"
+        return Decision(rule_format, {}, f"{why}: {rule_why}", "model")
+
+    t0 = time.perf_counter()
+    fp = fingerprint(csr, features)
+    if user_params:
+        fp["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
+    key = database.entry_key(profile, fp, np.dtype(dtype).name)
+    if mode == "force":
+        database.forget(key)
+    else:
+        entry = database.load(key)
+        chosen = entry and _pick(entry, expected_calls, FORMATS)
+        if chosen:
+            when = entry.get("created", "earlier")
+            return Decision(chosen["format"], dict(chosen["params"]),
+                            _describe(entry, chosen, expected_calls,
+                                      f"tuning database (measured {when})"),
+                            "database", kernel_seconds=chosen["kernel_seconds"],
+                            tuning_seconds=time.perf_counter() - t0, entry=entry)
+
+    if mode == "auto":
+        worth, why = _worth_measuring(features, profile, dtype, expected_calls,
+                                      budget or default_budget(features.nnz))
+        if not worth:
+            return Decision(rule_format, {}, f"rules ({why}): {rule_why}", "model",
+                            tuning_seconds=time.perf_counter() - t0)
+
+    entry, impl, chosen = measure(csr, features, device, dtype, user_params, budget=budget,
+                                  expected_calls=expected_calls, progress=progress)
+    if chosen is None:   # nothing could be measured: the rules, and nothing stored
+        why = "; ".join(f"{n} ({w})" for n, w in entry["skipped"])
+        return Decision(rule_format, {}, f"rules (no candidate could be measured: {why}): "
+                        f"{rule_why}", "model", tuning_seconds=time.perf_counter() - t0)
+    entry["fingerprint"] = fp
+    database.store(key, entry)
+    return Decision(chosen["format"], dict(chosen["params"]),
+                    _describe(entry, chosen, expected_calls,
+                              f"measured in {entry['tuning_seconds']:.2f} s"),
+                    "measured", impl=impl, kernel_seconds=chosen["kernel_seconds"],
+                    tuning_seconds=time.perf_counter() - t0, entry=entry)
+
+
+def _worth_measuring(features, profile, dtype, expected_calls, budget):
+    if expected_calls is None:
+        if features.nnz >= MEASURE_MIN_NNZ:
+            return True, ""
+        return False, (f"{features.nnz} non-zeros < {MEASURE_MIN_NNZ}: measuring would cost "
+                       "more than it saves; tune=True or expected_calls= measures")
+    item = np.dtype(dtype).itemsize
+    nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
+    kernel = nbytes / (20e9 if profile.is_cpu else 500e9)
+    gain = PAYBACK * kernel * expected_calls
+    if gain >= budget:
+        return True, ""
+    return False, (f"{expected_calls} calls of ~{_us(kernel)} would not repay "
+                   f"a {budget:.1f} s measurement")

@@ -1,0 +1,239 @@
+"""The persistent tuning database: reuse across processes without timing, several
+processes tuning at once, damaged/stale entries, unwritable directories, forced
+re-tuning.  Runs on the first device only (the database does not depend on it) with a
+small matrix and a short budget, so each tuning takes a fraction of a second."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from conftest import DEVICES, assert_close, reference
+
+import pyspmv_cl as psc
+from pyspmv_cl import generators
+from pyspmv_cl.tuning import database
+
+pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+BUDGET = 0.5
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    """An empty tuning database directory and an empty memory layer."""
+    root = tmp_path / "tuning"
+    monkeypatch.setenv(database.TUNING_DIR_ENV, str(root))
+    monkeypatch.delenv("PYSPMV_CL_TUNE", raising=False)
+    database.clear_memory()
+    yield root
+    database.clear_memory()
+
+
+def matrix(k=40):
+    return generators.poisson2d(k)
+
+
+def entries(root):
+    return sorted(p for p in root.rglob("*.json") if not p.name.startswith(".tmp-"))
+
+
+def tune(A, **kw):
+    kw.setdefault("tune", True)
+    return psc.SpMV(A, format="auto", dtype=np.float32, device=DEVICES[0],
+                    tune_budget=BUDGET, **kw)
+
+
+def check(op, A, rng):
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import pyspmv_cl as psc
+    from pyspmv_cl import generators
+    from pyspmv_cl.tuning import database
+    out = []
+    for k in map(int, sys.argv[1].split(",")):
+        A = generators.poisson2d(k)
+        op = psc.SpMV(A, format="auto", dtype=np.float32, device=sys.argv[3], tune=sys.argv[2],
+                      tune_budget=0.5)
+        x = np.ones(A.shape[1])
+        ok = bool(np.allclose(op @ x, A @ x, rtol=1e-4, atol=1e-4))
+        out.append({"format": op.format, "params": op.params, "source": op.tuning.source,
+                    "seconds": op.tuning.tuning_seconds, "ok": ok,
+                    "stats": dict(database.stats)})
+    print(json.dumps(out if len(out) > 1 else out[0]))
+""")
+
+
+def run_script(root, k, mode="measure", wait=True):
+    env = dict(os.environ, PYSPMV_CL_TUNING_DIR=str(root))
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(k), mode, DEVICES[0].id],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=str(root.parent))
+    return finish(proc) if wait else proc
+
+
+def finish(proc):
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_decision_reused_by_a_new_process_without_timing(db):
+    first = run_script(db, 40)
+    assert first["source"] == "measured" and first["ok"]
+    assert first["stats"]["writes"] == 1
+    assert len(entries(db)) == 1
+    second = run_script(db, 40)
+    assert second["source"] == "database" and second["ok"]
+    assert (second["format"], second["params"]) == (first["format"], first["params"])
+    assert second["stats"]["writes"] == 0 and second["stats"]["hits"] == 1
+    assert second["seconds"] < min(0.25, first["seconds"])  # no timing the second time
+    entry = json.loads(entries(db)[0].read_text())
+    assert entry["package"] == psc.__version__ and entry["formats"] == sorted(psc.formats())
+    assert entry["fingerprint"]["nnz"] == matrix().nnz
+    assert any(c["format"] == first["format"] for c in entry["candidates"])
+
+
+def test_concurrent_processes_tuning_same_and_different_keys(db):
+    procs = [run_script(db, k, wait=False) for k in (40, 40, 41)]
+    results = [finish(p) for p in procs]
+    assert all(r["ok"] and r["source"] in ("measured", "database") for r in results)
+    files = entries(db)
+    assert len(files) == 2
+    for f in files:  # whole files only, whoever wrote last
+        json.loads(f.read_text())
+    assert not list(db.rglob(".tmp-*"))
+    later = run_script(db, "40,41")
+    assert [r["source"] for r in later] == ["database", "database"]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong-key", "empty"])
+def test_damaged_entry_ignored_with_one_warning_and_retuned(db, rng, damage):
+    A = matrix()
+    tune(A)
+    (path,) = entries(db)
+    text = path.read_text()
+    path.write_text({"garbage": "\x00not json{{", "truncated": text[:len(text) // 2],
+                     "wrong-key": text.replace('"key": "', '"key": "0'),
+                     "empty": ""}[damage])
+    database.clear_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = tune(A)
+        database.clear_memory()
+        path.write_text("garbage again")
+        tune(A)
+    assert op.tuning.source == "measured"
+    damaged = [w for w in caught if "damaged tuning entry" in str(w.message)]
+    assert len(damaged) == 1, [str(w.message) for w in caught]
+    json.loads(path.read_text())  # rewritten whole
+    check(op, A, rng)
+
+
+@pytest.mark.parametrize("field, value", [("package", "0.0.0-other"),
+                                          ("formats", ["csr-scalar"]), ("schema", 0)])
+def test_stale_entry_ignored_silently(db, field, value):
+    A = matrix()
+    tune(A)
+    (path,) = entries(db)
+    entry = json.loads(path.read_text())
+    entry[field] = value
+    path.write_text(json.dumps(entry))
+    database.clear_memory()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op = tune(A)
+    assert op.tuning.source == "measured"
+    assert json.loads(path.read_text())[field] != value
+
+
+def test_unwritable_directory_works_and_warns_once(tmp_path, monkeypatch, rng):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the database directory should be")
+    if os.geteuid() == 0:  # root ignores permissions: make mkdir fail instead
+        root = blocker / "tuning"
+    else:
+        root = tmp_path / "ro"
+        root.mkdir()
+        root.chmod(0o500)
+    monkeypatch.setenv(database.TUNING_DIR_ENV, str(root))
+    database.clear_memory()
+    A, B = matrix(40), matrix(41)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ops = [tune(A), tune(B)]
+        again = tune(A)   # kept in memory for this process
+    assert [op.tuning.source for op in ops] == ["measured", "measured"]
+    assert again.tuning.source == "database"
+    msgs = [str(w.message) for w in caught if "tuning database" in str(w.message)]
+    assert len(msgs) == 1, msgs
+    for op, M in ((ops[0], A), (ops[1], B)):
+        check(op, M, rng)
+    database.clear_memory()
+
+
+def test_force_retunes_and_overwrites(db):
+    A = matrix()
+    tune(A)
+    (path,) = entries(db)
+    entry = json.loads(path.read_text())
+    entry["created"] = "marker"
+    path.write_text(json.dumps(entry))
+    database.clear_memory()
+    assert tune(A).tuning.source == "database"
+    op = tune(A, tune="force")
+    assert op.tuning.source == "measured"
+    assert json.loads(path.read_text())["created"] != "marker"
+
+
+def test_expected_calls_redecides_from_stored_measurements(db):
+    A = matrix()
+    tune(A)
+    database.clear_memory()
+    (path,) = entries(db)
+    entry = json.loads(path.read_text())
+    for calls in (1, 10**6):
+        op = tune(A, expected_calls=calls)
+        assert op.tuning.source == "database"
+        best = min(entry["candidates"],
+                   key=lambda c: c["kernel_seconds"] * calls + c["conversion_seconds"])
+        assert (op.format, op.tuning.params) == (best["format"], best["params"])
+        assert f"x {calls} calls" in op.explanation
+
+
+def test_rules_only_and_no_cache_leave_no_files(db, monkeypatch):
+    A = matrix()
+    op = tune(A, tune=False)
+    assert op.tuning.source == "model" and op.explanation.startswith("rules only")
+    assert not entries(db)
+    monkeypatch.delenv(database.TUNING_DIR_ENV)
+    monkeypatch.setenv("PYSPMV_CL_NO_CACHE", "1")
+    assert database.database_dir() is None
+    assert tune(A).tuning.source == "measured"
+    assert tune(A).tuning.source == "database"   # the memory layer
+    assert not entries(db)
+
+
+def test_key_separates_dtype_device_profile_and_structure():
+    prof = DEVICES[0].profile
+    A = matrix()
+    fp = psc.tuning.fingerprint(A.tocsr())
+    key = database.entry_key(prof, fp, "float32")
+    assert key != database.entry_key(prof, fp, "float64")
+    assert key != database.entry_key(prof.replace(simd_width=64), fp, "float32")
+    B = A.tocsr(copy=True)
+    B.indices = B.indices.astype(np.int64)
+    B.indptr = B.indptr.astype(np.int64)
+    assert psc.tuning.fingerprint(B) == fp   # index types do not matter
+    C = A.tocsr(copy=True)
+    C.indices = C.indices.copy()
+    C.indices[[0, 1]] = C.indices[[1, 0]]   # same statistics, other structure
+    assert psc.tuning.fingerprint(C) != fp
