@@ -6,9 +6,11 @@ name, driver version, package version).  Disk entries live under the user cache
 directory (``PYSPMV_CL_CACHE_DIR`` moves it, ``PYSPMV_CL_NO_CACHE=1`` bypasses the
 disk layer).  Each file holds a header with the key and a digest of the binary;
 writes go to a temporary file renamed into place, so concurrent processes only ever
-see whole files.  A file that is truncated, corrupt or rejected by the driver is
-discarded and rebuilt with a warning; an unwritable directory degrades to a
-memory-only cache with one warning.
+see whole files.  A file that is truncated, corrupt, another key's or rejected by the
+driver is discarded and rebuilt (one warning per cache directory, however many such
+files it holds); the discard spares a fresh entry that another process renamed into
+place meanwhile.  An unwritable, read-only or full directory degrades to a memory-only
+cache with one warning, leaving no partial file.
 """
 
 import hashlib
@@ -80,22 +82,39 @@ def clear_memory():
         _memory.clear()
 
 
-def _read_entry(path, key):
-    """The binary stored at ``path`` for ``key``; None if absent, raises ValueError if
-    the file is damaged."""
+def _load_entry(path, key):
+    """``(binary, stat)`` of the entry at ``path`` for ``key``; ``(None, None)`` if
+    absent.  Raises ``DamagedEntry`` (with the file's stat) if it is truncated, corrupt
+    or another key's, and OSError if it cannot be read."""
     try:
-        blob = path.read_bytes()
+        with open(path, "rb") as fh:
+            stat = os.fstat(fh.fileno())
+            blob = fh.read()
     except FileNotFoundError:
-        return None
+        return None, None
     if len(blob) < _HEADER.size:
-        raise ValueError("truncated header")
+        raise DamagedEntry("truncated header", stat)
     magic, key_digest, bin_digest, length = _HEADER.unpack_from(blob)
     binary = blob[_HEADER.size:]
     if magic != _MAGIC or key_digest != bytes.fromhex(key):
-        raise ValueError("wrong magic or key")
+        raise DamagedEntry("wrong magic or key", stat)
     if length != len(binary) or hashlib.sha256(binary).digest() != bin_digest:
-        raise ValueError("truncated or corrupt binary")
-    return binary
+        raise DamagedEntry("truncated or corrupt binary", stat)
+    return binary, stat
+
+
+def _read_entry(path, key):
+    """The binary stored at ``path`` for ``key``; None if absent, raises ValueError if
+    the file is damaged."""
+    return _load_entry(path, key)[0]
+
+
+class DamagedEntry(ValueError):
+    """A cache file that must not be loaded; ``stat`` identifies the file that was read."""
+
+    def __init__(self, reason, stat=None):
+        super().__init__(reason)
+        self.stat = stat
 
 
 def _write_entry(path, key, binary):
@@ -116,8 +135,18 @@ def _write_entry(path, key, binary):
         raise
 
 
-def _discard(path):
+def _same_file(a, b):
+    return a is not None and b is not None and (a.st_dev, a.st_ino, a.st_size,
+                                                a.st_mtime_ns) == (b.st_dev, b.st_ino,
+                                                                   b.st_size, b.st_mtime_ns)
+
+
+def _discard(path, stat=None):
+    """Remove the damaged file at ``path`` -- unless another process has meanwhile
+    renamed a fresh entry into its place (``stat`` is the damaged file's)."""
     try:
+        if stat is not None and not _same_file(os.stat(path), stat):
+            return
         path.unlink()
     except OSError:
         pass
@@ -127,7 +156,11 @@ def _build_from_source(context, device, source, options):
     # The raw program type bypasses pyopencl's own binary cache: this module is the cache.
     program = cl._cl._Program(context, source)
     try:
-        program.build(" ".join(options).encode(), [device])
+        # Drivers (NVIDIA's among them) print informational build logs for correct
+        # kernels; pyopencl would turn each into a CompilerWarning for the user.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program.build(" ".join(options).encode(), [device])
     except cl.Error as exc:
         try:
             log = program.get_build_info(device, cl.program_build_info.LOG)
@@ -161,16 +194,19 @@ def get_program(context, device, source, options=()):
     path = _entry_path(root, key) if root is not None else None
     program = None
     if path is not None:
+        stat = None
         try:
-            binary = _read_entry(path, key)
+            binary, stat = _load_entry(path, key)
             if binary is not None:
                 program = _build_from_binary(context, device, binary, options)
                 stats["disk_hits"] += 1
         except (ValueError, cl.Error) as exc:
             stats["disk_errors"] += 1
-            _warn_once(("bad", str(path)),
-                       f"pyspmv_cl: discarding unusable cached kernel {path} ({exc}); rebuilding")
-            _discard(path)
+            _warn_once(("bad", str(root)),
+                       f"pyspmv_cl: discarding unusable cached kernel {path} ({exc}); "
+                       "rebuilding (further damaged entries in this cache are replaced "
+                       "silently)")
+            _discard(path, getattr(exc, "stat", None) or stat)
             program = None
         except OSError as exc:
             stats["disk_errors"] += 1

@@ -1,0 +1,126 @@
+"""Parameter variants per format, for the sweeps that run every format at once (the
+Oclgrind pass, tests/oclgrind_driver.py).
+
+``VARIANTS[name]`` lists parameter dicts mirroring what ``tests/test_format_<name>.py``
+sweeps (each swept value at least once, not the full cross product).  The optional key
+``PROFILE`` ("_profile") holds ``Device.override`` fields to apply first (ELLR-T's T
+needs a SIMD width >= T, for instance).  ``PROFILES`` are run for every format with its
+default parameters: the native profile, GPU-shaped ones (warp 32, wavefront 64) and a
+CPU-shaped one.  A format missing from ``VARIANTS`` (registered later) gets its
+defaults plus the ``PROFILES``: add its row here when its own sweep exists.
+"""
+
+NO_LIMIT = float("inf")
+PROFILE = "_profile"
+GPU32 = {"simd_width": 32, "device_type": "gpu"}
+GPU64 = {"simd_width": 64, "device_type": "gpu"}
+CPU8 = {"device_type": "cpu", "simd_width": 8, "vector_lanes_float32": 8,
+        "vector_lanes_float64": 4}
+
+PROFILES = {"gpu32": GPU32, "gpu64": GPU64, "cpu8": CPU8}
+
+DIA_ANY = {"max_fill": NO_LIMIT, "max_diagonals": 10**9}
+
+VARIANTS = {
+    "csr-scalar": [{"work_group_size": 1}, {"work_group_size": 96}],
+    "csr-vector": [
+        {"vector_size": 2, "work_group_size": 2, "reduction": "tree"},
+        {"vector_size": 4, "work_group_size": 128, "reduction": "tree"},
+        {"vector_size": 8, "work_group_size": 24, "reduction": "serial"},
+        {"vector_size": 16, "work_group_size": 64, "reduction": "serial"},
+        {"vector_size": 32, "work_group_size": 1024, "reduction": "tree"},
+        {"vector_size": 64, "work_group_size": 64, "reduction": "serial"},
+    ],
+    "coo": [  # tests/test_format_coo.py GEOMETRIES
+        {"work_group_size": wg, "items_per_thread": t, "layout": layout, "scan": scan}
+        for wg, t, layout, scan in [(4, 8, "contiguous", "serial"), (8, 3, "interleaved", "tree"),
+                                    (5, 7, "interleaved", "serial"),
+                                    (24, 2, "contiguous", "tree"),
+                                    (1, 16, "contiguous", "serial"),
+                                    (32, 1, "interleaved", "tree")]
+    ],
+    "dia": [{**DIA_ANY, "work_group_size": 1}, {**DIA_ANY, "work_group_size": 96},
+            {**DIA_ANY, "index_bits": 64, PROFILE: {"simd_width": 32}}],
+    "ell": [{"work_group_size": 1, "max_padding": NO_LIMIT},
+            {"work_group_size": 96, "max_padding": NO_LIMIT, "index_bits": 64},
+            {"max_padding": NO_LIMIT, PROFILE: {"simd_width": 32}}],
+    "ellr-t": [
+        {"T": 1, "work_group_size": 1, "max_padding": NO_LIMIT},
+        {"T": 2, "work_group_size": 6, "max_padding": NO_LIMIT, PROFILE: GPU32},
+        {"T": 4, "max_padding": NO_LIMIT, PROFILE: GPU32},
+        {"T": 8, "work_group_size": 256, "max_padding": NO_LIMIT, PROFILE: GPU32},
+        {"T": 32, "max_padding": NO_LIMIT, PROFILE: GPU32},
+        {"T": 64, "work_group_size": 64, "max_padding": NO_LIMIT, PROFILE: GPU64},
+    ],
+    "sell": [
+        {"slice_height": 1, "sigma": 1, "mapping": "slices", "work_group_size": 16},
+        {"slice_height": 2, "sigma": 1, "mapping": "rows", "threads_per_row": 64,
+         "work_group_size": 128},
+        {"slice_height": 4, "sigma": 4, "mapping": "rows", "work_group_size": 16},
+        {"slice_height": 4, "sigma": 32, "mapping": "rows", "threads_per_row": 8,
+         "work_group_size": 64},
+        {"slice_height": 8, "sigma": 64, "mapping": "slices", "work_group_size": 16},
+        {"slice_height": 16, "sigma": 16, "mapping": "rows", "threads_per_row": 2,
+         "work_group_size": 32},
+        {"slice_height": 32, "sigma": "all", "mapping": "slices", "work_group_size": 16},
+        {"slice_height": 64, "sigma": "all", "mapping": "rows", "work_group_size": 64},
+    ],
+    "hyb": [{"ell_width": 0},
+            {"ell_width": 3, "layout": "contiguous", "scan": "serial",
+             "coo_work_group_size": 8, "items_per_thread": 2},
+            {"ell_width": 2, "layout": "interleaved", "scan": "tree",
+             "coo_work_group_size": 32, "items_per_thread": 1},
+            {"ell_width": 10**6, "coo_work_group_size": 1}],
+    "cmrs": [
+        {"height": 1, "group_width": 1, "reduction": "serial", "work_group_size": 16},
+        {"height": 3, "group_width": 4, "reduction": "tree", "work_group_size": 16},
+        {"height": 8, "group_width": 8, "reduction": "serial", "work_group_size": 8},
+        {"height": 16, "group_width": 32, "reduction": "tree", "work_group_size": 32},
+        {"height": 5, "group_width": 2, "reduction": "tree", "work_group_size": 4,
+         "sort_columns": True, "row_in_strip": "separate"},
+        {"height": 4, "group_width": 16, "reduction": "serial", "work_group_size": 32,
+         "sort_columns": False, "row_in_strip": "packed"},
+    ],
+    # tests/test_format_csr5.py's GEOMETRIES (omega, sigma, work-group size, segmented sum).
+    "csr5": [{"omega": o, "sigma": s, "work_group_size": wg, "segmented_sum": ss}
+             for o, s, wg, ss in [(1, 1, 4, "serial"), (1, 7, 1, "scan"), (4, 3, 8, "scan"),
+                                  (8, 16, 64, "serial"), (16, 33, 32, "scan"),
+                                  (32, 5, 32, "serial"), (64, 2, 128, "scan"),
+                                  (4, 70, 16, "serial")]],
+    # tests/test_format_bccoo.py's GRID.
+    "bccoo": [
+        {"strategy": 1, "tile_size": 5, "work_group_size": 4, "flag_bits": 8, "scan": "serial"},
+        {"strategy": 2, "tile_size": 7, "work_group_size": 8, "flag_bits": 8, "transpose": True,
+         "col_compress": True, "scan": "tree"},
+        {"strategy": 2, "tile_size": 3, "work_group_size": 5, "flag_bits": 16, "slices": 2,
+         "result_cache": 2, "scan": "tree"},
+        {"strategy": 1, "tile_size": 16, "work_group_size": 8, "flag_bits": 16,
+         "transpose": True, "slices": 5, "block_height": 2, "block_width": 2},
+        {"strategy": 2, "tile_size": 33, "work_group_size": 3, "flag_bits": 32,
+         "result_cache": 4, "scan": "serial", "block_height": 3, "block_width": 4,
+         "col_compress": True},
+        {"strategy": 1, "tile_size": 1, "work_group_size": 1, "flag_bits": 8, "slices": 32,
+         "transpose": True, "col_compress": True},
+        {"strategy": 1, "tile_size": 40, "work_group_size": 16, "flag_bits": 32,
+         "block_height": 4, "block_width": 1, "scan": "tree", "col_compress": True,
+         "transpose": True},
+        {"strategy": 2, "tile_size": 8, "work_group_size": 32, "flag_bits": 8,
+         "block_height": 1, "block_width": 2, "slices": 3, "transpose": True, "scan": "tree"},
+    ],
+}
+
+
+def variants(name):
+    """``(label, device_override, params, all_dtypes)`` for every variant of format
+    ``name``: its defaults, its own sweep, then its defaults under each of ``PROFILES``.
+    ``all_dtypes`` is False for the sweep's entries: the Oclgrind pass runs them in
+    float32 only (the kernels differ from float64 only in the type), the defaults and
+    profiles in both."""
+    out = [("default", {}, {}, True)]
+    for i, entry in enumerate(VARIANTS.get(name, [])):
+        params = {k: v for k, v in entry.items() if k != PROFILE}
+        if params or entry.get(PROFILE):
+            out.append((f"v{i}", dict(entry.get(PROFILE, {})), params, False))
+    for label, override in PROFILES.items():
+        out.append((label, dict(override), {}, True))
+    return out

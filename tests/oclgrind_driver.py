@@ -1,0 +1,170 @@
+"""Every format, every variant of tests/format_variants.py, both dtypes, on a corpus of
+tiny edge-case matrices: the script tests/test_oclgrind.py runs under
+
+    PYSPMV_CL_NO_CACHE=1 oclgrind --data-races --uninitialized --check-api \
+        python tests/oclgrind_driver.py
+
+Formats are read from ``pyspmv_cl.formats()`` at run time, so formats registered later
+are covered.  Each product is compared with scipy as the other tests do; Oclgrind's own
+findings go to its log, which test_oclgrind.py parses.  Prints one JSON line (counts,
+refusals, failures); exits 1 when a product is wrong or an operator cannot be built.
+
+y is a fresh, never-written device buffer for the beta == 0 products, so a kernel that
+reads y when it must not (or leaves rows unwritten for a later pass to read) shows up
+as an uninitialised-value report.
+
+Every OpenCL object made here is kept alive until the end: Oclgrind 21.10 does not free
+the uninitialised-value shadow of a released buffer, and a later buffer that reuses the
+id inherits that shadow, with the old buffer's size: a kernel writing the new buffer
+beyond the old size leaves it "uninitialised" and the next kernel reading it is reported
+(a false positive; see test_oclgrind.py).  Never releasing buffers avoids it.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pyopencl.array as cla  # noqa: E402
+from conftest import assert_close, reference  # noqa: E402
+from format_variants import variants  # noqa: E402
+from matrix_cases import csr_from_row_lengths, magnitudes  # noqa: E402
+
+import pyspmv_cl as psc  # noqa: E402
+from pyspmv_cl.formats import get_format  # noqa: E402
+
+
+class _Keep(list):
+    """Every operator and device array: never released (see the docstring).
+    PYSPMV_CL_OCLGRIND_RELEASE=1 releases them instead, to see the Oclgrind bug."""
+
+    def append(self, obj):
+        if not os.environ.get("PYSPMV_CL_OCLGRIND_RELEASE"):
+            super().append(obj)
+
+    def extend(self, objs):
+        for obj in objs:
+            self.append(obj)
+
+
+KEEP = _Keep()
+
+
+def corpus(rng):
+    """Tiny matrices (<= 40 rows) with the structures formats trip on."""
+    # Empty leading/trailing rows and a run of them, one full row, unsorted columns, a
+    # duplicate entry and an explicit zero.
+    lengths = rng.integers(0, 9, 37)
+    lengths[:3] = 0
+    lengths[-4:] = 0
+    lengths[15:19] = 0
+    lengths[10] = 29
+    edges = csr_from_row_lengths(rng, lengths, 29, shuffle=True)
+    start = edges.indptr[5]
+    edges.indices[start + 1] = edges.indices[start]       # duplicate column in row 5
+    edges.data[edges.indptr[6]] = 0.0                     # explicit zero in row 6
+    edges.has_canonical_format = False
+    # Row lengths around every power-of-two tile / vector / warp size.
+    sweep = np.array([0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 0, 63 % 40,
+                      6, 12, 24, 0, 1, 39, 2])
+    rng.shuffle(sweep)
+    return {
+        "edges_37x29": edges,
+        "sweep_25x40": csr_from_row_lengths(rng, sweep, 40),
+        "1x1": sp.csr_matrix(rng.standard_normal((1, 1))),
+        "no_nnz_9x13": sp.csr_matrix((9, 13)),
+        "m_x_0": sp.csr_matrix((7, 0)),
+        "one_col_40x3": sp.csr_matrix((rng.standard_normal(40), (np.arange(40),
+                                                                  np.ones(40, int))),
+                                      shape=(40, 3)),
+    }
+
+
+def check(y, A, x, dtype, alpha=1.0, beta=0.0, y0=None):
+    y_ref = reference(sp.csr_matrix(A, dtype=np.float64, copy=True), x, alpha, beta, y0)
+    assert_close(y, y_ref, magnitudes(A), x, dtype)
+
+
+def products(op, A, dtype, rng, full):
+    """beta == 0 into a fresh device buffer; with ``full`` also NaN/Inf in x and a host
+    product with beta != 0 (y read)."""
+    m, n = A.shape
+    queue = op.queue
+    xs = [rng.standard_normal(n)]
+    if full and n > 1:
+        special = rng.standard_normal(n)
+        special[0], special[-1] = np.inf, np.nan   # padding must never multiply x
+        xs.append(special)
+    for x in xs:
+        x_d = cla.to_device(queue, x.astype(dtype))
+        y_d = cla.empty(queue, m, dtype)
+        KEEP.extend([x_d, y_d])
+        op.matvec(x_d, out=y_d, alpha=0.5)
+        check(y_d.get(), A, x, dtype, 0.5)
+    if full:
+        x = xs[0]
+        y0 = rng.standard_normal(m).astype(dtype)
+        y = op.matvec(x, out=y0.copy(), alpha=2.0, beta=-0.5)
+        check(y, A, x, dtype, 2.0, -0.5, y0)
+        return len(xs) + 1
+    return len(xs)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", help="comma-separated subset (default: all)")
+    parser.add_argument("--dtypes", default="float32,float64",
+                        help="the sweep's variants run in the first one only")
+    parser.add_argument("--device", default=None, help="pyspmv_cl device selection")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # keep stderr for Oclgrind's reports
+    started = time.perf_counter()
+    device = psc.get_device(args.device)
+    names = args.formats.split(",") if args.formats else psc.formats()
+    dtypes = [np.dtype(d) for d in args.dtypes.split(",")]
+    rng = np.random.default_rng(int(os.environ.get("PYSPMV_CL_OCLGRIND_SEED", "20261122")))
+    matrices = corpus(rng)
+    summary = {"device": device.profile.name, "formats": names, "operators": 0,
+               "products": 0, "refused": [], "failures": [], "per_format_s": {}}
+    for name in names:
+        t0 = time.perf_counter()
+        may_refuse = getattr(get_format(name), "may_refuse", False)
+        for label, override, params, all_dtypes in variants(name):
+            dev = device.override(**override) if override else device
+            for dtype in dtypes if all_dtypes else dtypes[:1]:
+                if dtype == np.float64 and not dev.profile.fp64:
+                    continue
+                for i, (mname, A) in enumerate(matrices.items()):
+                    where = f"{name}/{label}/{dtype.name}/{mname}"
+                    try:
+                        try:
+                            op = psc.SpMV(A, format=name, dtype=dtype, device=dev, **params)
+                        except psc.FormatNotSuitableError as exc:
+                            if not may_refuse:
+                                raise
+                            summary["refused"].append(f"{where}: {exc}"[:200])
+                            continue
+                        KEEP.append(op)
+                        summary["operators"] += 1
+                        # The full set on the two structured matrices, beta == 0 elsewhere.
+                        summary["products"] += products(op, A, dtype, rng, full=i < 2)
+                    except Exception:
+                        summary["failures"].append(f"{where} {params}: "
+                                                   + traceback.format_exc(limit=3))
+        summary["per_format_s"][name] = round(time.perf_counter() - t0, 2)
+    summary["seconds"] = round(time.perf_counter() - started, 2)
+    print(json.dumps(summary), flush=True)
+    return 1 if summary["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

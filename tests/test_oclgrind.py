@@ -1,0 +1,200 @@
+"""Every format and parameter variant under Oclgrind (out-of-bounds accesses, data races,
+uninitialised values, OpenCL API misuse) on a corpus of tiny edge-case matrices.
+
+tests/oclgrind_driver.py does the work in one Oclgrind process (Oclgrind is slow: one
+start-up, tiny matrices).  Oclgrind exits 0 whatever it finds, so its reports are
+parsed from stderr: anything there fails the test, except one precisely matched block,
+the CL_INVALID_VALUE that clGetDeviceInfo returns for vendor attributes Oclgrind does
+not know (pyspmv_cl probes ``warp_size_nv``/``wavefront_width_amd``, and pyopencl
+probes one more each time it creates kernel objects); an error on any other argument
+or function still fails.
+
+Skipped when ``oclgrind`` is not installed, unless the ``CI`` environment variable is
+set (.ci/run sets it): then a missing Oclgrind fails.
+
+Known Oclgrind 21.10 false positive, avoided rather than suppressed: its
+uninitialised-value shadow of a released buffer outlives the buffer, and the next buffer
+given the same id inherits it with the old size, so values a kernel writes past that
+size still read as uninitialised in the next kernel.  It showed up as "uninitialized
+value written" in hyb's coo_chunks and "uninitialized address" in coo_carries in
+float64 (ELL writes y, COO accumulates into it): y, or the carries, had reused the id of
+a smaller released buffer.  The hyb kernels are correct (ELL writes every row with
+beta = 0 before COO reads it with beta = 1).  ``test_stale_shadow_false_positive``
+reproduces the Oclgrind bug with two trivial kernels; the driver keeps every buffer
+alive, which sidesteps it without hiding anything.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from format_variants import PROFILE, VARIANTS
+
+import pyspmv_cl as psc
+from pyspmv_cl.formats import get_format
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "oclgrind_driver.py"
+OCLGRIND_FLAGS = ["--data-races", "--uninitialized", "--check-api"]
+# Whole driver run; it takes ~1-3 minutes on 2 shared cores.
+TIMEOUT_S = 900
+
+# The only stderr block tolerated: an unknown attribute asked of clGetDeviceInfo.
+BENIGN = re.compile(
+    r"Oclgrind - OpenCL runtime error detected\n"
+    r"\tFunction: clGetDeviceInfo\n"
+    r"\tError:    CL_INVALID_VALUE\n"
+    r"\tFor argument 'param_name'\n")
+
+
+def in_ci():
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def oclgrind_or_skip():
+    exe = shutil.which("oclgrind")
+    if exe is None:
+        if in_ci():
+            pytest.fail("oclgrind is not installed but CI is set: the Oclgrind pass must run "
+                        "in CI (Debian/Ubuntu: apt-get install oclgrind)")
+        pytest.skip("oclgrind not installed (apt-get install oclgrind)")
+    return exe
+
+
+def oclgrind_findings(stderr):
+    """Oclgrind's reports in ``stderr``, the benign clGetDeviceInfo blocks removed."""
+    return BENIGN.sub("", stderr.replace("\r\n", "\n")).strip()
+
+
+def run_under_oclgrind(args, timeout=TIMEOUT_S):
+    exe = oclgrind_or_skip()
+    env = dict(os.environ, PYSPMV_CL_NO_CACHE="1")
+    env.pop("PYSPMV_CL_DEVICE", None)   # Oclgrind's device is the only one there
+    start = time.perf_counter()
+    proc = subprocess.run([exe, *OCLGRIND_FLAGS, sys.executable, *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=str(HERE))
+    return proc, time.perf_counter() - start
+
+
+# ------------------------------------------------------------------ the harness itself
+
+
+def test_filter_keeps_real_reports():
+    benign = ("Oclgrind - OpenCL runtime error detected\n\tFunction: clGetDeviceInfo\n"
+              "\tError:    CL_INVALID_VALUE\n\tFor argument 'param_name'\n\n")
+    other_arg = benign.replace("param_name", "param_value_size")
+    kernel = ("Invalid read of size 4 at global memory address 0x1000000000040\n"
+              "\tKernel: ell\n")
+    assert oclgrind_findings(benign * 3) == ""
+    assert oclgrind_findings(benign + kernel + benign) == kernel.strip()
+    assert "param_value_size" in oclgrind_findings(benign + other_arg)
+    assert "clBuildProgram" in oclgrind_findings(
+        benign.replace("clGetDeviceInfo", "clBuildProgram"))
+
+
+def test_variant_table_matches_the_formats():
+    """Every parameter in tests/format_variants.py is one the format takes (a renamed
+    parameter must not silently drop out of the Oclgrind pass)."""
+    for name, entries in VARIANTS.items():
+        if name not in psc.formats():
+            continue  # a format another change has not registered (yet)
+        allowed = set(get_format(name).param_names) | {"index_bits"}
+        for entry in entries:
+            unknown = set(entry) - allowed - {PROFILE}
+            assert not unknown, f"{name}: {sorted(unknown)} not in {sorted(allowed)}"
+
+
+CANARY = textwrap.dedent("""
+    import numpy as np, pyopencl as cl
+    ctx = cl.create_some_context(interactive=False)
+    q = cl.CommandQueue(ctx)
+    prg = cl.Program(ctx, '''
+    __kernel void oob(__global const float *a, __global float *b) {
+        b[get_global_id(0)] = a[get_global_id(0) + 1]; }
+    __kernel void race(__global float *b) { b[0] = (float)get_global_id(0); }
+    ''').build()
+    a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 16)   # never written
+    b = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 16)
+    prg.oob(q, (4,), (4,), a, b)
+    prg.race(q, (4,), (4,), b)
+    q.finish()
+""")
+
+
+def test_oclgrind_catches_canaries(tmp_path):
+    """The flags and the parsing see an out-of-bounds read, an uninitialised read and a
+    write-write race (so a clean pass means something)."""
+    script = tmp_path / "canary.py"
+    script.write_text(CANARY)
+    proc, _ = run_under_oclgrind([str(script)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = oclgrind_findings(proc.stderr)
+    assert "Invalid read" in found, found
+    assert "Uninitialized value" in found, found
+    assert "data race" in found, found
+
+
+STALE_SHADOW = textwrap.dedent("""
+    import sys, numpy as np, pyopencl as cl
+    ctx = cl.create_some_context(interactive=False)
+    q = cl.CommandQueue(ctx)
+    prg = cl.Program(ctx, '''
+    __kernel void w(__global double *y) { y[get_global_id(0)] = 0; }
+    __kernel void r(__global const double *y, __global double *z) {
+        z[get_global_id(0)] = y[get_global_id(0)] + 1; }''').build()
+    old = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=np.zeros(15))
+    if sys.argv[1] == "release":
+        old.release()
+    y = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 40 * 8)   # reuses old's id if released
+    z = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 40 * 8)
+    prg.w(q, (40,), None, y)     # writes all 40 entries
+    prg.r(q, (40,), None, y, z)  # reads them
+    q.finish()
+""")
+
+
+def test_stale_shadow_false_positive(tmp_path):
+    """Documents the Oclgrind bug behind the hyb reports (module docstring): with the
+    15-double buffer released, reading entries 15..39 that the previous kernel wrote is
+    reported; kept alive, nothing is.  With another Oclgrind version only the second
+    half is checked: once a version is clean in both, the keep-alive can go."""
+    script = tmp_path / "stale.py"
+    script.write_text(STALE_SHADOW)
+    released, _ = run_under_oclgrind([str(script), "release"], timeout=300)
+    kept, _ = run_under_oclgrind([str(script), "keep"], timeout=300)
+    assert oclgrind_findings(kept.stderr) == ""
+    version = subprocess.run([shutil.which("oclgrind"), "--version"], capture_output=True,
+                             text=True).stdout
+    if "Oclgrind 21.10" not in version:
+        pytest.skip(f"the false positive was seen with Oclgrind 21.10, not {version.strip()}")
+    reports = re.findall(r"Uninitialized value written to global memory address 0x(\w+)",
+                         oclgrind_findings(released.stderr))
+    offsets = sorted(int(a, 16) & 0xFFFFFFFF for a in reports)
+    assert offsets == [8 * i for i in range(15, 40)], oclgrind_findings(released.stderr)
+
+
+# ------------------------------------------------------------------ the pass itself
+
+
+def test_all_formats_clean_under_oclgrind():
+    proc, seconds = run_under_oclgrind([str(DRIVER)])
+    findings = oclgrind_findings(proc.stderr)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    summary = json.loads(lines[-1]) if lines else {}
+    print(f"Oclgrind pass: {seconds:.0f} s, {summary.get('operators')} operators, "
+          f"{summary.get('products')} products; per format (s): "
+          f"{summary.get('per_format_s')}")
+    assert not findings, "Oclgrind reported:\n" + "\n".join(findings.splitlines()[:80])
+    assert proc.returncode == 0 and summary, (proc.stdout[-4000:], proc.stderr[-4000:])
+    assert summary["device"] == "Oclgrind Simulator"
+    assert set(summary["formats"]) == set(psc.formats())
+    assert not summary["failures"], "\n".join(summary["failures"][:5])
+    assert summary["operators"] >= 20 * len(summary["formats"])
