@@ -31,7 +31,28 @@ DTYPES = [np.float32, np.float64]
 POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.float64): np.nan}
 
 
-@pytest.fixture(params=DEVICES or [None], ids=DEVICE_IDS or ["no-device"])
+# The per-format parameter sweeps (tests/test_format_*.py) run on the first device of
+# each type (one CPU, one GPU, ...), the generic tests (every format on every edge case,
+# real matrices, API) on every device: two PoCL builds of the same CPU would otherwise
+# double the compile-bound sweeps.  PYSPMV_CL_SWEEP_ALL_DEVICES=1 sweeps on all of them.
+SWEEP_DEVICES = DEVICES if os.environ.get("PYSPMV_CL_SWEEP_ALL_DEVICES") == "1" else [
+    d for i, d in enumerate(DEVICES)
+    if d.profile.device_type not in {e.profile.device_type for e in DEVICES[:i]}]
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrise the ``device`` fixture (see SWEEP_DEVICES for which devices)."""
+    if "device" not in metafunc.fixturenames or any(
+            "device" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")):
+        return      # a test that picks its own devices
+    sweep = metafunc.module.__name__.rpartition(".")[2].startswith("test_format_")
+    devices = SWEEP_DEVICES if sweep else DEVICES
+    ids = [DEVICE_IDS[DEVICES.index(d)] for d in devices]
+    metafunc.parametrize("device", devices or [None], ids=ids or ["no-device"],
+                         indirect=True)
+
+
+@pytest.fixture
 def device(request):
     """Each OpenCL device present (the test is skipped when there is none)."""
     if request.param is None:
