@@ -24,9 +24,16 @@
 ##   tile's first row.  The work-item of the first tile holding a row adds, in order, the
 ##   previous tile's tail and the heads of the tiles that start in that row (plus its
 ##   entries in the incomplete tile) and stores the row: the authors' calibrate kernel
-##   without atomics, so results are deterministic.  It also stores the empty rows of
-##   tiles flagged in tile_ptr (and the leading ones).  Rows after the incomplete tile's
-##   first row are complete and stored row by row, CSR-scalar style.
+##   without atomics, so results are deterministic.  Rows after the incomplete tile's
+##   first row are complete and stored row by row, CSR-scalar style; then one work-item
+##   per empty row before them (a list made at conversion) stores its zero.
+## csr5_run_sums (only with run_group > 0, for rows spanning many tiles): before the
+##   calibrate kernel, each group of RUN_GROUP consecutive tiles replaces head[t] of
+##   every tile t that starts a run of equal first rows inside the group by the run's
+##   sum within the group (a segmented suffix scan in local memory; tile_ptr's rows never
+##   decrease, so equal keys mean one segment).  The calibrate kernel then adds one value
+##   per group instead of one per tile: a row over 4000 tiles costs 16 serial loads with
+##   groups of 256, not 4000.  The order of additions is fixed: still deterministic.
 ${c.preamble()}
 <%
     tiles_per_group = work_group_size // omega
@@ -40,6 +47,9 @@ ${c.preamble()}
 #define WG ${work_group_size}
 #define TILES_PER_GROUP ${tiles_per_group}
 #define DESC_WORDS ${desc_words}
+% if run_group:
+#define RUN_GROUP ${run_group}
+% endif
 #define Y_MASK ${(1 << y_bits) - 1}u
 #define SEG_SHIFT ${y_bits}
 #define SEG_MASK ${(1 << seg_bits) - 1}u
@@ -206,7 +216,9 @@ ${c.store_y("row", "total")}
 __kernel void csr5_calibrate(const index_t n_tiles,
                              const index_t n_full_tiles,
                              const index_t tail_row_begin,
-                             const index_t n_rows,
+                             const index_t n_tail_rows,
+                             const index_t n_empty_rows,
+                             __global const index_t *restrict empty_rows,
                              __global const index_t *restrict row_ptr,
                              __global const tile_ptr_t *restrict tile_ptr,
                              __global const index_t *restrict col_idx,
@@ -223,13 +235,19 @@ __kernel void csr5_calibrate(const index_t n_tiles,
         const index_t t = g;
         const tile_ptr_t tp = tile_ptr[t];
         const index_t row0 = FIRST_ROW(tp);
-        if (t == 0) {
-            for (index_t r = 0; r < row0; r++)      // leading empty rows
-${c.store_y("r", "(real_t)0")}
-        }
         if (t == 0 || FIRST_ROW(tile_ptr[t - 1]) != row0) {
             // First tile starting in row0: add up the row's pieces in order.
             real_t sum = t > 0 ? tail[t - 1] : (real_t)0;
+% if run_group:
+            // head[t] holds the row's sum over t's run-sums group; each later group
+            // the row reaches holds its part at the group's first tile.
+            if (t < n_full_tiles) {
+                sum += head[t];
+                for (index_t k = (t / RUN_GROUP + 1) * RUN_GROUP;
+                     k < n_full_tiles && FIRST_ROW(tile_ptr[k]) == row0; k += RUN_GROUP)
+                    sum += head[k];
+            }
+% else:
             index_t k = t;
             // tile_ptr's rows never decrease: when tile k + 7 starts in row0, so do
             // k ... k + 6 -- eight independent loads per step for rows over many tiles.
@@ -238,27 +256,62 @@ ${c.store_y("r", "(real_t)0")}
                        + ((head[k + 4] + head[k + 5]) + (head[k + 6] + head[k + 7]));
             for (; k < n_full_tiles && FIRST_ROW(tile_ptr[k]) == row0; k++)
                 sum += head[k];
-            if (k == n_full_tiles && k < n_tiles && FIRST_ROW(tile_ptr[k]) == row0) {
+% endif
+            // The incomplete tile continues row0 when it starts in row0 (rows never
+            // decrease, so every tile from t on does).
+            if (n_full_tiles < n_tiles && FIRST_ROW(tile_ptr[n_full_tiles]) == row0) {
                 const index_t end = row_ptr[row0 + 1];
-                for (index_t j = k * TILE_SIZE; j < end; j++)
+                for (index_t j = n_full_tiles * TILE_SIZE; j < end; j++)
                     sum += values[j] * x[col_idx[j]];
             }
 ${c.store_y("row0", "sum")}
         }
-        if (t < n_full_tiles && HAS_EMPTY(tp)) {
-            const index_t next = FIRST_ROW(tile_ptr[t + 1]);
-            for (index_t r = row0 + 1; r < next; r++)
-                if (row_ptr[r] == row_ptr[r + 1])
-${c.store_y("r", "(real_t)0")}
-        }
-    } else {
+    } else if (g < n_tiles + n_tail_rows) {
         const index_t r = tail_row_begin + (g - n_tiles);
-        if (r < n_rows) {
-            real_t sum = 0;
-            const index_t end = row_ptr[r + 1];
-            for (index_t j = row_ptr[r]; j < end; j++)
-                sum += values[j] * x[col_idx[j]];
+        real_t sum = 0;
+        const index_t end = row_ptr[r + 1];
+        for (index_t j = row_ptr[r]; j < end; j++)
+            sum += values[j] * x[col_idx[j]];
 ${c.store_y("r", "sum")}
-        }
+    } else if (g < n_tiles + n_tail_rows + n_empty_rows) {
+        // One work-item per empty row before the tail rows: tiles may span runs of
+        // thousands of empty rows (R-MAT graphs), too long a walk for one work-item.
+        const index_t r = empty_rows[g - n_tiles - n_tail_rows];
+${c.store_y("r", "(real_t)0")}
     }
 }
+
+% if run_group:
+__kernel __attribute__((reqd_work_group_size(RUN_GROUP, 1, 1)))
+void csr5_run_sums(const index_t n_full_tiles,
+                   __global const tile_ptr_t *restrict tile_ptr,
+                   __global real_t *restrict head)
+{
+    __local real_t s_sum[RUN_GROUP];
+    __local index_t s_row[RUN_GROUP];
+    const int lid = get_local_id(0);
+    const index_t t = (index_t)get_group_id(0) * RUN_GROUP + lid;
+    const bool active = t < n_full_tiles;
+    // Past the end: a row number no tile has, so no segment reaches there.
+    const index_t row = active ? FIRST_ROW(tile_ptr[t]) : (index_t)-1;
+    real_t acc = active ? head[t] : (real_t)0;
+    s_row[lid] = row;
+    s_sum[lid] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Inclusive suffix scan within each segment of equal rows (Hillis-Steele).
+% for d in [1 << k for k in range((run_group - 1).bit_length())]:
+    {
+        const real_t after = (lid + ${d} < RUN_GROUP && s_row[lid + ${d}] == row)
+                             ? s_sum[lid + ${d}] : (real_t)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        acc += after;
+        s_sum[lid] = acc;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+% endfor
+    // A segment's first tile now holds the segment's total; the calibrate kernel reads
+    // only those.
+    if (active && (lid == 0 || s_row[lid - 1] != row))
+        head[t] = acc;
+}
+% endif

@@ -86,7 +86,10 @@ VARIANTS = {
              for o, s, wg, ss in [(1, 1, 4, "serial"), (1, 7, 1, "scan"), (4, 3, 8, "scan"),
                                   (8, 16, 64, "serial"), (16, 33, 32, "scan"),
                                   (32, 5, 32, "serial"), (64, 2, 128, "scan"),
-                                  (4, 70, 16, "serial")]],
+                                  (4, 70, 16, "serial")]]
+    # tests/test_format_csr5.py's test_run_sums: the run-sums pass for long rows.
+    + [{"omega": 1, "sigma": 1, "work_group_size": 4, "segmented_sum": "scan",
+        "run_group": g} for g in (2, 8)],
     # tests/test_format_bccoo.py's GRID.
     "bccoo": [
         {"strategy": 1, "tile_size": 5, "work_group_size": 4, "flag_bits": 8, "scan": "serial"},

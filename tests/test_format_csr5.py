@@ -189,6 +189,44 @@ def test_rows_longer_than_a_work_group(segmented_sum, dtype, device, rng):
     check_all(op, A, dtype, rng)
 
 
+@pytest.mark.parametrize("run_group", [1, 2, 8, 64])
+def test_run_sums(run_group, device, rng):
+    """The run-sums pass (rows over many tiles): rows spanning several run groups,
+    starting and ending on group and tile boundaries, one reaching into the incomplete
+    last tile, empty rows between them; correct with and without the pass, and
+    bit-identical from run to run."""
+    omega, sigma = 4, 2                      # tiles of 8 entries
+    tile = omega * sigma
+    lengths = np.concatenate([[0, 3], [run_group * tile * 3 + 5], [0] * 4, [1, 2],
+                              [tile * run_group], [tile], rng.integers(0, 4, 50),
+                              [0, 0], [7 * tile * run_group]]).astype(np.int64)
+    lengths[-1] += tile // 2 - lengths.sum() % tile    # ... ending in the incomplete tile
+    A = csr_from_row_lengths(rng, lengths, 8000)
+    assert A.nnz % tile == tile // 2
+    op = psc.SpMV(A, format="csr5", dtype=np.float32, device=device, omega=omega,
+                  sigma=sigma, work_group_size=8, run_group=run_group)
+    assert op.params["run_group"] == run_group
+    check_all(op, A, np.float32, rng)
+    x = rng.standard_normal(A.shape[1])
+    first = op @ x
+    assert np.array_equal(op @ x, first)
+    check_against_scipy(first, A, x, np.float32)
+    serial = psc.SpMV(A, format="csr5", dtype=np.float32, device=device, omega=omega,
+                      sigma=sigma, work_group_size=8, run_group=0)
+    check_against_scipy(serial @ x, A, x, np.float32)
+
+
+def test_run_sums_default(device, rng):
+    """On by default exactly when the longest row spans more than LONG_RUN_TILES tiles."""
+    from pyspmv_cl.formats.csr5 import LONG_RUN_TILES
+    tile = 4 * 2
+    for longest, expect_on in ((LONG_RUN_TILES * tile, False), (LONG_RUN_TILES * tile + 1, True)):
+        A = csr_from_row_lengths(rng, [3, longest, 0, 5], 4000)
+        op = psc.SpMV(A, format="csr5", dtype=np.float32, device=device, omega=4, sigma=2)
+        assert (op.params["run_group"] > 0) == expect_on
+        check_against_scipy(op @ np.ones(4000), A, np.ones(4000), np.float32)
+
+
 @pytest.mark.parametrize("segmented_sum", ["scan", "serial"])
 def test_inf_nan_stay_in_their_rows(segmented_sum, device, rng):
     """An Inf or NaN in x or A reaches exactly the rows scipy gives it, though rows of
@@ -252,12 +290,15 @@ def test_nbytes(dtype, device, rng):
     arrays = tile_arrays(A.indptr, A.indices, A.data, 4, 5, np.int32, dtype)
     assert "empty_offset" in arrays
     scratch = 2 * (A.nnz // 20) * np.dtype(dtype).itemsize      # head and tail per tile
-    assert op.nbytes == sum(a.nbytes for a in arrays.values()) + scratch
+    tail_row_begin = np.searchsorted(A.indptr, (A.nnz // 20) * 20, side="right")
+    empty_rows = (np.diff(A.indptr[:tail_row_begin + 1]) == 0).sum() * 4
+    assert op.nbytes == sum(a.nbytes for a in arrays.values()) + scratch + empty_rows
 
 
 BAD_PARAMS = [dict(omega=3), dict(omega=0), dict(omega=2048), dict(omega=4.0), dict(sigma=0),
               dict(sigma=True), dict(sigma=10_000), dict(omega=8, work_group_size=12),
-              dict(segmented_sum="tree"), dict(work_group_size=0)]
+              dict(segmented_sum="tree"), dict(work_group_size=0), dict(run_group=3),
+              dict(run_group=-1), dict(run_group=1.5)]
 
 
 @pytest.mark.parametrize("params", BAD_PARAMS, ids=[str(p) for p in BAD_PARAMS])

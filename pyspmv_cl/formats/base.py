@@ -82,20 +82,22 @@ def launch_kernel(queue, kernel, global_size, local_size, wait_for=None):
     ``record_launches`` can collect the events of one product (for timing)."""
     event = cl.enqueue_nd_range_kernel(queue, kernel, (int(global_size),), (int(local_size),),
                                        wait_for=wait_for)
-    for events in _recorders:
-        events.append(event)
+    for events, with_names in _recorders:
+        events.append((kernel.function_name, event) if with_names else event)
     return event
 
 
 @contextlib.contextmanager
-def record_launches():
-    """Collect, in a list, the events of every kernel launched inside the block."""
+def record_launches(with_names=False):
+    """Collect, in a list, the events of every kernel launched inside the block (as
+    ``(kernel name, event)`` pairs with ``with_names``)."""
     events = []
-    _recorders.append(events)
+    entry = (events, with_names)
+    _recorders.append(entry)
     try:
         yield events
     finally:
-        _recorders.remove(events)
+        _recorders.remove(entry)
 
 
 def launch_rows(n_rows, rows_per_group, work_group_size):

@@ -20,8 +20,12 @@ SpMV is two kernels (templates/csr5.mako): ``csr5_compute`` runs the tiles (gree
 segments stored directly, red/blue joined by a segmented sum over the columns in local
 memory), leaving for each tile the sums of its first row (``head``) and of a last row
 continuing into the next tile (``tail``); ``csr5_calibrate`` adds those up per row in
-order (the authors' calibrate kernel, without atomics: deterministic), stores empty
-rows and runs the rows of the incomplete tile.
+order (the authors' calibrate kernel, without atomics: deterministic), runs the rows
+of the incomplete tile and zeroes the empty rows (listed in ``empty_rows``).  When a
+row spans many tiles (power-law graphs, dense rows), ``csr5_run_sums`` first sums each
+row's heads over groups of ``run_group`` tiles in parallel, so that calibrating the row
+adds one value per group rather than one per tile (a serial chain of thousands of loads
+otherwise).
 """
 
 import numpy as np
@@ -35,6 +39,10 @@ MAX_SIGMA = 512
 SEGMENTED_SUMS = ("scan", "serial")
 # Work-items per group of the calibrate kernel (one per tile or tail row).
 CALIBRATE_WORK_GROUP_SIZE = 64
+# Rows spanning more tiles than this get the parallel run-sums pass by default: below
+# it the calibrate kernel's serial walk over the heads is cheaper than one more launch.
+LONG_RUN_TILES = 32
+RUN_GROUP = 256
 # Bit values of a 32-bit word (exact in float64, which np.bincount sums).
 _POW2 = np.ldexp(1.0, np.arange(32))
 
@@ -176,7 +184,7 @@ def untranspose_tiles(a, omega, sigma):
 class CSR5(SpMVFormat):
     name = "csr5"
     template = "csr5.mako"
-    param_names = ("omega", "sigma", "work_group_size", "segmented_sum")
+    param_names = ("omega", "sigma", "work_group_size", "segmented_sum", "run_group")
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -190,7 +198,7 @@ class CSR5(SpMVFormat):
             wg, segmented_sum = 8 * omega, "serial"
         wg = max(omega, min(wg, profile.max_work_group_size) // omega * omega)
         return {"omega": omega, "sigma": sigma, "work_group_size": wg,
-                "segmented_sum": segmented_sum}
+                "segmented_sum": segmented_sum, "run_group": "auto"}
 
     @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):
@@ -216,6 +224,16 @@ class CSR5(SpMVFormat):
         if isinstance(wg, (int, np.integer)) and not isinstance(wg, bool) and wg % omega:
             raise ValueError(f"csr5: work_group_size must be a multiple of omega ({omega}), "
                              f"not {wg!r}")
+        run_group = params.get("run_group", "auto")
+        if run_group == "auto":     # on when the longest row spans many tiles
+            longest = int(np.diff(csr.indptr).max()) if csr.shape[0] else 0
+            run_group = 0 if longest <= LONG_RUN_TILES * omega * params["sigma"] else \
+                pow2_floor(min(RUN_GROUP, device.profile.max_work_group_size))
+        run_group = _check_int("run_group", run_group, 0, device.profile.max_work_group_size)
+        if run_group & (run_group - 1):
+            raise ValueError(f"csr5: run_group must be 0 (off) or a power of two, not "
+                             f"{run_group}")
+        params["run_group"] = run_group
         if params.get("segmented_sum") not in SEGMENTED_SUMS:
             raise ValueError(f"csr5: segmented_sum must be one of {SEGMENTED_SUMS}, not "
                              f"{params.get('segmented_sum')!r}")
@@ -248,6 +266,11 @@ class CSR5(SpMVFormat):
             self.tail_row_begin = 0 if nnz == 0 else m
         self.n_tail_rows = m - self.tail_row_begin
         self.has_empty_offset = "empty_offset" in arrays
+        # Empty rows the tiles cover (the tail rows store their own): the calibrate
+        # kernel zeroes them one work-item each.
+        lengths = np.diff(csr.indptr[:self.tail_row_begin + 1])
+        arrays["empty_rows"] = np.flatnonzero(lengths == 0).astype(self.index_dtype)
+        self.n_empty_rows = int(arrays["empty_rows"].size)
         return arrays
 
     def to_csr(self):
@@ -278,12 +301,16 @@ class CSR5(SpMVFormat):
         y_bits, seg_bits, words = field_bits(omega, sigma)
         return {"omega": omega, "sigma": sigma, "y_bits": y_bits, "seg_bits": seg_bits,
                 "desc_words": words, "segmented_sum": self.params["segmented_sum"],
-                "has_empty_offset": self.has_empty_offset}
+                "has_empty_offset": self.has_empty_offset,
+                "run_group": self.params["run_group"]}
 
     def kernel(self):
         if not self._kernels:
+            names = ["csr5_compute", "csr5_calibrate"]
+            if self.params["run_group"]:
+                names.append("csr5_run_sums")
             kernels, wg = self.build_kernels(
-                self.template, ["csr5_compute", "csr5_calibrate"],
+                self.template, names,
                 self.params["work_group_size"], min_work_group_size=self.params["omega"],
                 **self._template_params())
             self.params["work_group_size"] = wg
@@ -308,12 +335,20 @@ class CSR5(SpMVFormat):
                        b["col_idx"], b["values"], x_buf, y_buf, self.head, self.tail,
                        alpha, beta)
             events = [launch_kernel(queue, k, groups * wg, wg, wait_for=events)]
-        work = self.n_tiles + self.n_tail_rows
+            run_group = self.params["run_group"]
+            if run_group:
+                k = kernels["csr5_run_sums"]
+                k.set_args(idx(self.n_full_tiles), b["tile_ptr"], self.head)
+                groups = -(-self.n_full_tiles // run_group)
+                events = [launch_kernel(queue, k, groups * run_group, run_group,
+                                        wait_for=events)]
+        work = self.n_tiles + self.n_tail_rows + self.n_empty_rows
         if work:
             cwg = min(CALIBRATE_WORK_GROUP_SIZE, self.profile.max_work_group_size)
             k = kernels["csr5_calibrate"]
             k.set_args(idx(self.n_tiles), idx(self.n_full_tiles), idx(self.tail_row_begin),
-                       idx(self.shape[0]), b["row_ptr"], b["tile_ptr"], b["col_idx"],
+                       idx(self.n_tail_rows), idx(self.n_empty_rows), b["empty_rows"],
+                       b["row_ptr"], b["tile_ptr"], b["col_idx"],
                        b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta)
             events = [launch_kernel(queue, k, -(-work // cwg) * cwg, cwg, wait_for=events)]
         if not events:  # m == 0: nothing to do
