@@ -22,7 +22,8 @@ from pyspmv_cl.generators import from_spec
 
 
 def parse_settings(items):
-    """``FORMAT:KEY=VALUE`` items -> {format: {key: value}} (ints where they parse)."""
+    """``FORMAT:KEY=VALUE`` items -> {format: {key: value}} (ints and True/False where
+    they parse)."""
     out = defaultdict(dict)
     for item in items:
         fmt, _, assignment = item.partition(":")
@@ -32,7 +33,7 @@ def parse_settings(items):
         try:
             out[fmt][key] = int(value)
         except ValueError:
-            out[fmt][key] = value
+            out[fmt][key] = {"True": True, "False": False}.get(value, value)
     return out
 
 

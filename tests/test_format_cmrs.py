@@ -99,15 +99,18 @@ def test_group_widths(group_width, reduction, device, rng):
 @pytest.mark.parametrize("profile", list(GPU_PROFILES))
 @with_dtypes
 def test_gpu_shaped_profiles(profile, dtype, device, rng):
-    """GPU defaults (a warp/wavefront per strip, tree reduction, sorted strips, groups
-    of 128) run correctly here, on short and long rows and on empty matrices."""
+    """GPU defaults (groups of about half the mean row length per strip, from 4 to a
+    warp/wavefront, tree reduction, sorted strips, groups of 128) run correctly here,
+    on short and long rows and on empty matrices."""
     skip_without_fp64(device, dtype)
     dev = device.override(**GPU_PROFILES[profile])
     for A in (uneven(rng, 1000), csr_from_row_lengths(rng, np.full(97, 70), 90),
               sp.csr_matrix((70, 9)), sp.csr_matrix((5, 0))):
         op = psc.SpMV(A, format="cmrs", dtype=dtype, device=dev)
         p = op.params
-        assert p["group_width"] == GPU_PROFILES[profile]["simd_width"]
+        warp = GPU_PROFILES[profile]["simd_width"]
+        mean = A.nnz / max(1, A.shape[0])
+        assert p["group_width"] == min(warp, max(4, 1 << max(0, int(mean // 2).bit_length() - 1)))
         assert p["reduction"] == "tree" and p["sort_columns"] is True
         assert p["work_group_size"] == 128
         assert 1 <= p["height"] <= occupancy_height(dev.profile, dtype)
@@ -264,15 +267,20 @@ def test_default_height_model(device):
     cpu = gpu.replace(device_type="cpu")
     assert 1 <= default_height(short, cpu, np.float32, 1) <= 16
     params = CMRS.default_params(short, gpu, np.float64)
-    assert params == {"height": 3, "group_width": 32, "work_group_size": 128,
+    assert params == {"height": 3, "group_width": 4, "work_group_size": 128,
                       "sort_columns": True, "row_in_strip": "auto", "reduction": "tree"}
+    # Group width: half the mean row length, from 4 up to the warp.
+    assert CMRS.default_params(long_rows, gpu, np.float32)["group_width"] == 32
+    mid = MatrixFeatures(1000, 10**5, 20 * 1000, 20.0, 30, 1.0, 0)
+    assert CMRS.default_params(mid, gpu, np.float32)["group_width"] == 8
 
 
 def test_tuning_candidates(device):
     gpu = device.profile.replace(device_type="gpu", simd_width=32, local_mem_size=48 * 1024)
     short = MatrixFeatures(10**6, 10**6, 2 * 10**6, 2.0, 4, 0.5, 0)
-    assert CMRS.tuning_candidates(short, gpu, np.float32) == [{}, {"height": 3},
-                                                              {"height": 12}]
+    # Group width 4 for 2-entry rows: height ceil(2 * 4 / 2) = 4, then half and twice.
+    assert CMRS.tuning_candidates(short, gpu, np.float32) == [{}, {"height": 2},
+                                                              {"height": 8}]
     cands = CMRS.tuning_candidates(short, device.profile, np.float32)
     assert cands[0] == {} and 1 < len(cands) <= 4
     assert all(1 <= c["height"] <= 16 for c in cands[1:])
