@@ -9,8 +9,10 @@
    after warm-up, median of a few runs), within a time budget (building included), and
    checked against scipy: a candidate that raises or computes a wrong result is
    skipped and named in the explanation.
-3. The winner minimises kernel time, or kernel time x ``expected_calls`` + conversion
-   time when the caller says how many products it will run.  Every measurement is
+3. The best few (``FINALISTS``) are re-timed in alternation while the budget lasts,
+   and the winner among them minimises kernel time, or kernel time x
+   ``expected_calls`` + conversion time when the caller says how many products it
+   will run.  Every measurement is
    stored in the tuning database (database.py), so the same matrix on the same
    device is decided again without timing, in any process.
 
@@ -47,7 +49,8 @@ MAX_FORMATS = 8             # formats timed in the first pass (budget permitting
 ALT_FORMATS = 2             # best formats whose alternative parameter sets are timed
 ALT_PARAMS = 3              # alternatives per format
 FINALISTS = 3               # re-timed in alternation at the end (load changes hit all alike)
-CONFIRM_ROUNDS = 3
+CONFIRM_ROUNDS = 3          # at least; more while the budget lasts ...
+MAX_CONFIRM_ROUNDS = 12     # ... up to this many
 PAYBACK = 0.25              # expected gain of measuring over the rules (share of kernel time)
 
 _POLICIES = {None: "auto", "auto": "auto", True: "measure", "measure": "measure",
@@ -305,17 +308,29 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         if progress:
             progress(total, total + len(alternatives), f"{name} {params}")
         run(name, params, alt)
-    # The finalists again, in alternation: a change of machine load while the
-    # candidates were timed one after another must not decide between close ones.
+    # The finalists again, in alternation, for as many rounds as the budget allows: a
+    # short burst of samples can catch a kernel at its best (PoCL on a 2-core machine:
+    # dia's first samples at 5.0 ms, its steady state 7.5 ms, against csr-scalar's 4.6),
+    # and a change of machine load while candidates were timed one after another must
+    # not decide between close ones.  The decision is taken among the finalists on these
+    # interleaved samples alone, and they are marked so that a later lookup agrees.
     if len(finalists) > 1:
         if progress:
             progress(1, 1, "finalists")
-        for _ in range(CONFIRM_ROUNDS):
-            for _, _rec, impl, samples in finalists:
+        confirm = [[] for _ in finalists]
+        rounds, round_cost = 0, 0.0
+        while rounds < CONFIRM_ROUNDS or (
+                rounds < MAX_CONFIRM_ROUNDS
+                and time.perf_counter() - start + round_cost <= budget):
+            t0 = time.perf_counter()
+            for samples, (_, _rec, impl, _first) in zip(confirm, finalists):
                 samples += bench.time(impl, None, min_samples=3, max_samples=3, min_time=0,
                                       warmup=1)
-        for f in finalists:
-            f[1]["kernel_seconds"] = statistics.median(f[3])
+            round_cost = time.perf_counter() - t0
+            rounds += 1
+        for samples, f in zip(confirm, finalists):
+            f[1]["kernel_seconds"] = statistics.median(samples)
+            f[1]["confirmed"] = True
         finalists.sort(key=lambda f: _score(f[1], expected_calls))
     if progress:
         progress(1, 1, "done")
@@ -328,8 +343,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
              "bandwidth": bandwidth(csr), "diagonals": features.diagonals}
     if not results:
         return entry, None, None
-    # The same rule as a later lookup (_pick): the lowest score over every candidate.
-    chosen = min(results, key=lambda r: _score(r, expected_calls))
+    # The same rule as a later lookup (_pick).
+    chosen = _pick({"candidates": results}, expected_calls, registry)
     impl = next((f[2] for f in finalists if f[1] is chosen), None)
     return entry, impl, chosen
 
@@ -357,8 +372,12 @@ def _describe(entry, chosen, expected_calls, how):
 
 
 def _pick(entry, expected_calls, registry):
+    """The candidate with the lowest score, among the finalists re-timed in alternation
+    when there are any (their times are comparable; a first-pass time is not)."""
     usable = [c for c in entry["candidates"] if c["format"] in registry]
-    return min(usable, key=lambda c: _score(c, expected_calls)) if usable else None
+    confirmed = [c for c in usable if c.get("confirmed")]
+    return min(confirmed or usable, key=lambda c: _score(c, expected_calls)) \
+        if usable else None
 
 
 def select(csr, features, device, dtype, user_params=None, *, tune=None, expected_calls=None,
