@@ -19,7 +19,12 @@ import scipy.sparse as sp
 
 from . import codegen
 from .cache import get_program
-from .formats.base import format_bytes, launch_kernel, program_kernels, record_launches
+from .formats.base import (
+    format_bytes,
+    launch_kernel,
+    launches_seconds,
+    program_kernels,
+)
 from .matrix import SpMV
 from .peers import available_peers, time_peer
 
@@ -47,18 +52,6 @@ def _median_seconds(run_once, queue, warmup, repeats, min_time):
     return statistics.median(samples)
 
 
-def _launches_seconds(enqueue):
-    """Device time of the kernels ``enqueue()`` launches, however many: from the start
-    of the first to the end of the last (profiling events; gaps between dependent
-    kernels count, host-side queueing before the first does not)."""
-    with record_launches() as events:
-        enqueue()
-    if not events:
-        return 0.0
-    events[-1].wait()
-    return (events[-1].profile.end - events[0].profile.start) * 1e-9
-
-
 def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
     """GB/s of a device-side copy (read + write counted) with our own kernel."""
     profile = device.profile
@@ -75,7 +68,7 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
     wg = min(256, profile.max_work_group_size)
     groups = -(-n_vec // wg)
     seconds = _median_seconds(
-        lambda: _launches_seconds(lambda: launch_kernel(queue, kernel, groups * wg, wg)),
+        lambda: launches_seconds(lambda: launch_kernel(queue, kernel, groups * wg, wg)),
         queue, 3, repeats, min_time)
     return 2 * n_vec * 16 / seconds / 1e9
 
@@ -212,7 +205,7 @@ def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
     y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
 
     def sample():
-        return _launches_seconds(lambda: op.matvec(x_dev, out=y_dev))
+        return launches_seconds(lambda: op.matvec(x_dev, out=y_dev))
 
     def finish(seconds):
         wall = statistics.median(_wall_times(lambda: op @ x_host, 5, min_time=0.05))

@@ -281,7 +281,9 @@ def time_peer(peer: Peer, A, x, dtype, **median_kw) -> tuple[float, np.ndarray]:
         # Several calls back to back between the events, so that CuPy's host work for
         # one call (output allocation, cuSPARSE descriptors) overlaps the previous
         # call's kernels instead of being timed as idle GPU time: closer to cuSPARSE's
-        # kernel time, which is what our rows report.
+        # kernel time, which is what our rows report.  Where a product is shorter than
+        # that host work (~40-45 us a call on an H200 with CuPy 14), this is still CuPy's
+        # call rate, not cuSPARSE's kernel time: BENCHMARKS.md says which rows.
         start.record()
         for _ in range(CUSPARSE_CALLS_PER_SAMPLE):
             f(x_dev)

@@ -245,3 +245,13 @@ def test_measured_choice_is_what_the_database_will_pick():
                       tune_budget=0.5, expected_calls=calls)
         picked = tuner._pick(op.tuning.entry, calls, FORMATS)
         assert (picked["format"], picked["params"]) == (op.format, op.tuning.params)
+
+
+def test_csr_vector_candidates_offer_narrower_vectors():
+    from pyspmv_cl.formats.csr_vector import CSRVector
+    gpu = DEVICES[0].profile.replace(device_type="gpu", simd_width=32)
+    f = MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, 300, 1.5, 0)
+    vs = CSRVector.default_params(f, gpu, np.float32)["vector_size"]
+    assert CSRVector.tuning_candidates(f, gpu, np.float32) == [
+        {}] + [{"vector_size": v} for v in (vs // 2, vs // 4) if v >= 2]
+    assert len(CSRVector.tuning_candidates(f, gpu, np.float32)) >= 2

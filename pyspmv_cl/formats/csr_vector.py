@@ -33,6 +33,14 @@ class CSRVector(CSRFormatBase):
         reduction = "serial" if profile.is_cpu else "tree"
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction}
 
+    @classmethod
+    def tuning_candidates(cls, features, profile, dtype, csr=None):
+        """The default vector size, half and a quarter of it (at least 2): on an H200,
+        rows of 14.5 entries on average (astro-ph) ran in 55 us with 4 work-items per
+        row against 73 us with the default 16, the longer rows then taking a few turns."""
+        vs = cls.default_params(features, profile, dtype)["vector_size"]
+        return [{}] + [{"vector_size": v} for v in (vs // 2, vs // 4) if v >= 2]
+
     def __init__(self, csr, device, dtype, params):
         vs = params.get("vector_size")
         if vs not in VECTOR_SIZES:

@@ -136,16 +136,10 @@ def fit_bounds(best_sigma):
 
 
 def _median_product_seconds(op, x_dev, y_dev, repeats):
-    from ..formats.base import record_launches
+    from ..formats.base import launches_seconds
 
-    times = []
-    for i in range(repeats + 1):
-        with record_launches() as events:
-            op.matvec(x_dev, out=y_dev)
-        op.queue.finish()
-        if i:  # the first run warms up
-            times.append(sum(e.profile.end - e.profile.start for e in events) * 1e-9)
-    return statistics.median(times)
+    times = [launches_seconds(lambda: op.matvec(x_dev, out=y_dev)) for _ in range(repeats + 1)]
+    return statistics.median(times[1:])   # the first run warms up
 
 
 def calibrate_bounds(device=None, dtype=np.float32, *, row_lengths=CALIBRATION_ROW_LENGTHS,

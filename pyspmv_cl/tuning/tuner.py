@@ -49,8 +49,8 @@ MAX_FORMATS = 8             # formats timed in the first pass (budget permitting
 ALT_FORMATS = 2             # best formats whose alternative parameter sets are timed
 ALT_PARAMS = 3              # alternatives per format
 FINALISTS = 3               # re-timed in alternation at the end (load changes hit all alike)
-CONFIRM_ROUNDS = 3          # at least; more while the budget lasts ...
-MAX_CONFIRM_ROUNDS = 12     # ... up to this many
+CONFIRM_SHARE = 0.3         # of the budget kept for re-timing the finalists:
+MAX_CONFIRM_ROUNDS = 12     # one round at least, then more while the budget lasts
 PAYBACK = 0.25              # expected gain of measuring over the rules (share of kernel time)
 
 _POLICIES = {None: "auto", "auto": "auto", True: "measure", "measure": "measure",
@@ -175,14 +175,10 @@ class _Bench:
         self.m = m
 
     def launch_seconds(self, impl):
-        from ..formats.base import record_launches
+        from ..formats.base import launches_seconds
 
-        with record_launches() as events:
-            impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
-        if not events:
-            return 0.0
-        events[-1].wait()
-        return (events[-1].profile.end - events[0].profile.start) * 1e-9
+        return launches_seconds(
+            lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
 
     def error(self, impl):
         """Relative error of this candidate's product (inf for NaN)."""
@@ -282,10 +278,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         finalists.sort(key=lambda f: f[0])
         del finalists[keep:]   # frees the others' device buffers
 
-    def within_budget():
+    def within_budget():   # for building and timing candidates; the rest re-times
         elapsed = time.perf_counter() - start
         predicted = statistics.median(costs) if costs else 0.0
-        return len(results) < 2 or elapsed + predicted <= budget
+        return len(results) < 2 or elapsed + predicted <= (1 - CONFIRM_SHARE) * budget
 
     queue = [(name, params, False) for name, params in first]
     total = len(queue)
@@ -319,9 +315,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             progress(1, 1, "finalists")
         confirm = [[] for _ in finalists]
         rounds, round_cost = 0, 0.0
-        while rounds < CONFIRM_ROUNDS or (
-                rounds < MAX_CONFIRM_ROUNDS
-                and time.perf_counter() - start + round_cost <= budget):
+        while rounds == 0 or (rounds < MAX_CONFIRM_ROUNDS
+                              and time.perf_counter() - start + round_cost <= budget):
             t0 = time.perf_counter()
             for samples, (_, _rec, impl, _first) in zip(confirm, finalists):
                 samples += bench.time(impl, None, min_samples=3, max_samples=3, min_time=0,
@@ -351,17 +346,30 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
 
 def _describe(entry, chosen, expected_calls, how):
     cands = sorted(entry["candidates"], key=lambda c: _score(c, expected_calls))
-    parts = []
-    for c in cands[:5]:
-        label = c["format"] + (f"{c['params']}" if c.get("alternative") else "")
-        text = f"{label} {_us(c['kernel_seconds'])}"
-        if expected_calls:
-            text += f" +conv {_us(c['conversion_seconds'])}"
-        parts.append(text)
+
+    def listing(group):
+        parts = []
+        for c in group:
+            label = c["format"] + (f"{c['params']}" if c.get("alternative") else "")
+            text = f"{label} {_us(c['kernel_seconds'])}"
+            if expected_calls:
+                text += f" +conv {_us(c['conversion_seconds'])}"
+            parts.append(text)
+        return ", ".join(parts)
+
     objective = (f"kernel time x {expected_calls} calls + conversion" if expected_calls
                  else "kernel time")
-    text = (f"{how}: {chosen['format']} has the lowest {objective} of "
-            f"{len(entry['candidates'])} candidates ({', '.join(parts)})")
+    finalists = [c for c in cands if c.get("confirmed")]
+    if finalists:   # their times are the re-timed ones: list them apart
+        others = [c for c in cands if not c.get("confirmed")]
+        text = (f"{how}: {chosen['format']} has the lowest {objective} of the "
+                f"{len(finalists)} finalists re-timed in alternation ({listing(finalists)}) "
+                f"among {len(cands)} candidates")
+        if others:
+            text += f" (first pass, not re-timed: {listing(others[:4])})"
+    else:
+        text = (f"{how}: {chosen['format']} has the lowest {objective} of "
+                f"{len(cands)} candidates ({listing(cands[:5])})")
     if entry.get("skipped"):
         groups = {}
         for name, why in entry["skipped"]:
