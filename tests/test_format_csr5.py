@@ -225,6 +225,11 @@ def test_run_sums_default(device, rng):
         op = psc.SpMV(A, format="csr5", dtype=np.float32, device=device, omega=4, sigma=2)
         assert (op.params["run_group"] > 0) == expect_on
         check_against_scipy(op @ np.ones(4000), A, np.ones(4000), np.float32)
+    # Its local buffers (a value and an index per work-item) fit the device.
+    small = device.override(local_mem_size=1024)
+    op = psc.SpMV(A, format="csr5", dtype=np.float32, device=small, omega=4, sigma=2)
+    assert 0 < op.params["run_group"] <= 1024 // 12
+    check_against_scipy(op @ np.ones(4000), A, np.ones(4000), np.float32)
 
 
 @pytest.mark.parametrize("segmented_sum", ["scan", "serial"])

@@ -227,8 +227,10 @@ class CSR5(SpMVFormat):
         run_group = params.get("run_group", "auto")
         if run_group == "auto":     # on when the longest row spans many tiles
             longest = int(np.diff(csr.indptr).max()) if csr.shape[0] else 0
+            # Its local memory: a value and an index (8 bytes at most) per work-item.
+            fits = device.profile.local_mem_size // (np.dtype(dtype).itemsize + 8)
             run_group = 0 if longest <= LONG_RUN_TILES * omega * params["sigma"] else \
-                pow2_floor(min(RUN_GROUP, device.profile.max_work_group_size))
+                pow2_floor(max(1, min(RUN_GROUP, device.profile.max_work_group_size, fits)))
         run_group = _check_int("run_group", run_group, 0, device.profile.max_work_group_size)
         if run_group & (run_group - 1):
             raise ValueError(f"csr5: run_group must be 0 (off) or a power of two, not "
