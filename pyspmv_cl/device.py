@@ -203,6 +203,7 @@ class Device:
         self.device_index = device_index
         self._context = context
         self._queue = queue
+        self._timing_queue = None
         self._profile = profile
         self._base = _base  # the device an override came from: shares its context
 
@@ -240,6 +241,22 @@ class Device:
                 self.context, self.cl_device,
                 properties=cl.command_queue_properties.PROFILING_ENABLE)
         return self._queue
+
+    @property
+    def profiling_queue(self):
+        """A queue with profiling enabled, on this device's context, for timing (the
+        tuner, calibrations): the device's own queue when a user's queue has profiling,
+        else a private one, so that ``format="auto"`` measures on any queue."""
+        if self._base is not None:
+            return self._base.profiling_queue
+        queue = self.queue
+        if queue.properties & cl.command_queue_properties.PROFILING_ENABLE:
+            return queue
+        if self._timing_queue is None:
+            self._timing_queue = cl.CommandQueue(
+                self.context, self.cl_device,
+                properties=cl.command_queue_properties.PROFILING_ENABLE)
+        return self._timing_queue
 
     @property
     def profile(self):

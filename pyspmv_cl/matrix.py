@@ -9,7 +9,6 @@ import pyopencl.array as cla
 from .device import get_device
 from .errors import UnsupportedDtypeError
 from .formats import get_format
-from .formats.base import SpMVFormat, launch_kernel
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
 from .tuning import MatrixFeatures
 from .tuning.tuner import select
@@ -101,10 +100,6 @@ class SpMV:
         self.format = format
         self.nbytes = self._impl.nbytes
         self._staging = {}
-        # Single-kernel formats launch through _launch's fast path (see there).
-        self._single_kernel = type(self._impl).enqueue is SpMVFormat.enqueue
-        self._args_key = None
-        self._geometry = None
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -174,20 +169,7 @@ class SpMV:
         return buf
 
     def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None):
-        impl = self._impl
-        if not self._single_kernel:
-            return impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
-        # What SpMVFormat.enqueue does, but the arguments are set only when they change:
-        # pyopencl's set_args costs ~25 µs on PoCL, as much as a small matrix's kernel.
-        # The operator owns its kernel object, so nobody else changes them.
-        kernel = impl.kernel()
-        key = (x_buf.int_ptr, y_buf.int_ptr, alpha, beta)
-        if key != self._args_key:
-            dt = impl.dtype.type
-            kernel.set_args(*impl._kernel_args(x_buf, y_buf, dt(alpha), dt(beta)))
-            self._geometry = impl._launch_geometry()
-            self._args_key = key
-        return launch_kernel(self.queue, kernel, *self._geometry, wait_for=wait_for)
+        return self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
 
     def _matvec_host(self, x, out, alpha, beta):
         x = np.asarray(x)
@@ -217,14 +199,18 @@ class SpMV:
         x_buf = self._staging_buffer("x", n)
         y_buf = self._staging_buffer("y", m)
         queue = self.queue
+        # Events order the copies and the product on out-of-order queues too.
+        uploads = []
         if n:
-            cl.enqueue_copy(queue, x_buf, np.ascontiguousarray(x.reshape(n), dtype=self.dtype),
-                            is_blocking=False)
+            uploads.append(cl.enqueue_copy(
+                queue, x_buf, np.ascontiguousarray(x.reshape(n), dtype=self.dtype),
+                is_blocking=False))
         if beta != 0:
-            cl.enqueue_copy(queue, y_buf, np.ascontiguousarray(out.reshape(m), dtype=self.dtype),
-                            is_blocking=False)
-        self._launch(x_buf, y_buf, alpha, beta)
-        cl.enqueue_copy(queue, y_host, y_buf, is_blocking=True)
+            uploads.append(cl.enqueue_copy(
+                queue, y_buf, np.ascontiguousarray(out.reshape(m), dtype=self.dtype),
+                is_blocking=False))
+        event = self._launch(x_buf, y_buf, alpha, beta, wait_for=uploads)
+        cl.enqueue_copy(queue, y_host, y_buf, wait_for=[event], is_blocking=True)
         if out is None:
             return y_host.reshape(expected)
         out[...] = y_host.reshape(expected)

@@ -3,6 +3,7 @@ allocation checks, device upload and building a kernel whose work-group size the
 device accepts."""
 
 import contextlib
+import typing
 
 import numpy as np
 import pyopencl as cl
@@ -75,6 +76,14 @@ def program_kernels(program, names):
 
 
 _recorders = []
+
+
+class Launch(typing.NamedTuple):
+    """One 1-D kernel launch of a product: the kernel, its arguments, and its sizes."""
+    kernel: cl.Kernel
+    args: tuple
+    global_size: int
+    local_size: int
 
 
 def launch_kernel(queue, kernel, global_size, local_size, wait_for=None):
@@ -150,6 +159,7 @@ class SpMVFormat:
     template = None
     kernel_name = None
     param_names = ()
+    _plan_key = None   # see enqueue
 
     # -- parameters -------------------------------------------------------------
     @classmethod
@@ -265,13 +275,56 @@ class SpMVFormat:
             self._kernels.update(kernels)
         return self._kernels[self.kernel_name]
 
+    def launches(self, x_buf, y_buf, alpha, beta):
+        """The kernel launches of one product ``y = alpha*A@x + beta*y``, in order, as
+        ``Launch`` tuples (``alpha`` and ``beta`` come in this operator's real type).  A
+        single-kernel format gets this from ``_kernel_args`` and ``_launch_geometry``;
+        formats with several kernels or passes override it."""
+        return [Launch(self.kernel(), tuple(self._kernel_args(x_buf, y_buf, alpha, beta)),
+                       *self._launch_geometry())]
+
     def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
-        """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event."""
-        kernel = self.kernel()
-        args = self._kernel_args(x_buf, y_buf, self.dtype.type(alpha), self.dtype.type(beta))
-        kernel.set_args(*args)
-        global_size, local_size = self._launch_geometry()
-        return launch_kernel(queue, kernel, global_size, local_size, wait_for=wait_for)
+        """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event
+        of the last launch (a marker when there is nothing to launch).
+
+        Kernel arguments are set only when x, y, alpha or beta change: pyopencl's
+        set_args costs 20-120 us a kernel on PoCL, more than a small matrix's product.
+        This object owns its kernel objects, so nothing else changes their arguments; it
+        keeps x and y referenced while their handles sit in the kernels."""
+        key = (queue.int_ptr, x_buf.int_ptr, y_buf.int_ptr, float(alpha), float(beta))
+        if key != self._plan_key:
+            self._plan_key = None
+            real = self.dtype.type
+            launches = self.launches(x_buf, y_buf, real(alpha), real(beta))
+            kernels = [launch.kernel for launch in launches]
+            # A kernel launched twice in one product needs its arguments set each time.
+            reused = {id(k) for k in kernels if kernels.count(k) > 1}
+            plan = []
+            for launch in launches:
+                args = launch.args if id(launch.kernel) in reused else None
+                if args is None:
+                    launch.kernel.set_args(*launch.args)
+                plan.append((launch.kernel, args, (int(launch.global_size),),
+                             (int(launch.local_size),)))
+            # On an in-order queue each launch waits for the one before it anyway.
+            in_order = not (queue.properties
+                            & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
+            self._plan, self._plan_in_order = plan, in_order
+            self._plan_refs = (x_buf, y_buf)
+            self._plan_key = key
+        if not self._plan:
+            return cl.enqueue_marker(queue, wait_for=wait_for)
+        event = None
+        for kernel, args, global_size, local_size in self._plan:
+            if args is not None:
+                kernel.set_args(*args)
+            if event is not None:
+                wait_for = None if self._plan_in_order else [event]
+            event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size,
+                                               wait_for=wait_for)
+            for events, with_names in _recorders:
+                events.append((kernel.function_name, event) if with_names else event)
+        return event
 
     def _kernel_args(self, x_buf, y_buf, alpha, beta):
         raise NotImplementedError

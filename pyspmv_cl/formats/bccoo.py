@@ -18,7 +18,7 @@ import numpy as np
 import pyopencl as cl
 
 from .. import codegen
-from .base import SpMVFormat, launch_kernel, pow2_floor
+from .base import Launch, SpMVFormat, pow2_floor
 from .bccoo_convert import (
     FLAG_TYPES,
     USHORT_COLS_LIMIT,
@@ -215,13 +215,11 @@ class BCCOO(SpMVFormat):
     def kernel(self):
         return self._bccoo_kernels
 
-    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
-        real = self.dtype.type
-        alpha, beta = real(alpha), real(beta)
+    def launches(self, x_buf, y_buf, alpha, beta):
         p, g = self.params, self.geometry
         m = self.shape[0]
         if g["n_groups"] == 0:   # m == 0: nothing to do
-            return cl.enqueue_marker(queue, wait_for=wait_for)
+            return []
         sliced = p["slices"] > 1
         out = self.partial if sliced else y_buf
         pos = self.pos_dtype.type
@@ -231,20 +229,18 @@ class BCCOO(SpMVFormat):
             args.append(b["col_delta"])
         args += [b["cols"], b["values"], b["first_entry"], b["group_full"], x_buf, out,
                  self.head_vals, self.tail_vals, alpha, beta]
-        k = self._bccoo_kernels["bccoo_tiles"]
-        k.set_args(*args)
         wg = p["work_group_size"]
-        event = launch_kernel(queue, k, g["n_groups"] * wg, wg, wait_for=wait_for)
-        k = self._bccoo_kernels["bccoo_carries"]
-        k.set_args(pos(g["n_groups"]), pos(m), b["first_entry"], self.head_vals,
-                   self.tail_vals, out, alpha, beta)
         aux = min(AUX_WORK_GROUP_SIZE, pow2_floor(self.profile.max_work_group_size))
-        event = launch_kernel(queue, k, _round_up(g["n_groups"], aux), aux, wait_for=[event])
+        kernels = self._bccoo_kernels
+        plan = [Launch(kernels["bccoo_tiles"], tuple(args), g["n_groups"] * wg, wg),
+                Launch(kernels["bccoo_carries"], (
+                    pos(g["n_groups"]), pos(m), b["first_entry"], self.head_vals,
+                    self.tail_vals, out, alpha, beta), _round_up(g["n_groups"], aux), aux)]
         if sliced:
-            k = self._bccoo_kernels["bccoo_combine"]
-            k.set_args(pos(m), pos(self.slice_stride), self.partial, y_buf, alpha, beta)
-            event = launch_kernel(queue, k, _round_up(m, aux), aux, wait_for=[event])
-        return event
+            plan.append(Launch(kernels["bccoo_combine"], (
+                pos(m), pos(self.slice_stride), self.partial, y_buf, alpha, beta),
+                _round_up(m, aux), aux))
+        return plan
 
 
 def _round_up(n, k):

@@ -11,7 +11,7 @@ its COO remainder.
 import numpy as np
 import pyopencl as cl
 
-from .base import SpMVFormat, launch_kernel, pow2_floor
+from .base import Launch, SpMVFormat, pow2_floor
 
 LAYOUTS = ("interleaved", "contiguous")
 SCANS = ("tree", "serial")
@@ -143,34 +143,26 @@ class COOPart:
         self.carry_values = cl.Buffer(ctx, rw, n * real_size)
         return 2 * self.n_groups * (index_size + real_size)
 
-    def enqueue(self, queue, buffers, x_buf, y_buf, alpha, beta, wait_for=None):
-        """y = alpha * A @ x + beta * y over this part's rows; returns the last event
-        (None when nothing needed launching)."""
-        real = self.owner.dtype.type
-        alpha, beta = real(alpha), real(beta)
+    def launches(self, buffers, x_buf, y_buf, alpha, beta):
+        """The launches of y = alpha * A @ x + beta * y over this part's rows (none when
+        there is nothing to do)."""
         b = {k[len(self.prefix):]: v for k, v in buffers.items() if k.startswith(self.prefix)}
-        event = None
-        events = list(wait_for or [])
+        out = []
         if self.n_empty and beta != 1:
-            k = self.kernels["coo_empty_rows"]
-            k.set_args(np.uint64(self.n_empty), b["empty_rows"], y_buf, beta)
-            event = launch_kernel(queue, k, _round_up(self.n_empty), AUX_WORK_GROUP_SIZE,
-                                 wait_for=events)
-            events = [event]
+            out.append(Launch(self.kernels["coo_empty_rows"],
+                              (np.uint64(self.n_empty), b["empty_rows"], y_buf, beta),
+                              _round_up(self.n_empty), AUX_WORK_GROUP_SIZE))
         if self.nnz:
             wg = self.params["work_group_size"]
-            k = self.kernels["coo_chunks"]
-            k.set_args(self.pos_dtype.type(self.nnz), self.owner.index_dtype.type(self.n_rows),
-                       b["rows"], b["cols"], b["values"], x_buf, y_buf,
-                       self.carry_rows, self.carry_values, alpha, beta)
-            event = launch_kernel(queue, k, self.n_groups * wg, wg, wait_for=events)
+            out.append(Launch(self.kernels["coo_chunks"], (
+                self.pos_dtype.type(self.nnz), self.owner.index_dtype.type(self.n_rows),
+                b["rows"], b["cols"], b["values"], x_buf, y_buf,
+                self.carry_rows, self.carry_values, alpha, beta), self.n_groups * wg, wg))
             n_carries = 2 * self.n_groups
-            k = self.kernels["coo_carries"]
-            k.set_args(np.uint64(n_carries), self.carry_rows, self.carry_values, y_buf,
-                       alpha, beta)
-            event = launch_kernel(queue, k, _round_up(n_carries), AUX_WORK_GROUP_SIZE,
-                                 wait_for=[event])
-        return event
+            out.append(Launch(self.kernels["coo_carries"], (
+                np.uint64(n_carries), self.carry_rows, self.carry_values, y_buf, alpha, beta),
+                _round_up(n_carries), AUX_WORK_GROUP_SIZE))
+        return out
 
 
 def _round_up(n):
@@ -202,8 +194,5 @@ class COO(SpMVFormat):
     def kernel(self):
         return self.part.kernels
 
-    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
-        event = self.part.enqueue(queue, self.buffers, x_buf, y_buf, alpha, beta, wait_for)
-        if event is None:  # nothing to do (nnz == 0 and no empty rows: m == 0)
-            event = cl.enqueue_marker(queue, wait_for=wait_for)
-        return event
+    def launches(self, x_buf, y_buf, alpha, beta):
+        return self.part.launches(self.buffers, x_buf, y_buf, alpha, beta)

@@ -32,7 +32,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..tuning.csr5_sigma import bounds_for, sigma_rule
-from .base import SpMVFormat, launch_kernel, pow2_floor
+from .base import Launch, SpMVFormat, pow2_floor
 
 MAX_OMEGA = 1024
 MAX_SIGMA = 512
@@ -319,12 +319,11 @@ class CSR5(SpMVFormat):
             self._kernels.update(kernels)
         return self._kernels
 
-    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
+    def launches(self, x_buf, y_buf, alpha, beta):
         kernels = self.kernel()
-        real, idx = self.dtype.type, self.index_dtype.type
-        alpha, beta = real(alpha), real(beta)
+        idx = self.index_dtype.type
         b = self.buffers
-        events = list(wait_for or [])
+        out = []
         if self.n_full_tiles:
             wg = self.params["work_group_size"]
             tiles_per_group = wg // self.params["omega"]
@@ -332,27 +331,23 @@ class CSR5(SpMVFormat):
             # Without empty rows empty_offset is never read: row_ptr stands in for it.
             eo_ptr = b.get("empty_offset_ptr", b["row_ptr"])
             eo = b.get("empty_offset", b["row_ptr"])
-            k = kernels["csr5_compute"]
-            k.set_args(idx(self.n_full_tiles), b["tile_ptr"], b["tile_desc"], eo_ptr, eo,
-                       b["col_idx"], b["values"], x_buf, y_buf, self.head, self.tail,
-                       alpha, beta)
-            events = [launch_kernel(queue, k, groups * wg, wg, wait_for=events)]
+            out.append(Launch(kernels["csr5_compute"], (
+                idx(self.n_full_tiles), b["tile_ptr"], b["tile_desc"], eo_ptr, eo,
+                b["col_idx"], b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta),
+                groups * wg, wg))
             run_group = self.params["run_group"]
             if run_group:
-                k = kernels["csr5_run_sums"]
-                k.set_args(idx(self.n_full_tiles), b["tile_ptr"], self.head)
                 groups = -(-self.n_full_tiles // run_group)
-                events = [launch_kernel(queue, k, groups * run_group, run_group,
-                                        wait_for=events)]
+                out.append(Launch(kernels["csr5_run_sums"],
+                                  (idx(self.n_full_tiles), b["tile_ptr"], self.head),
+                                  groups * run_group, run_group))
         work = self.n_tiles + self.n_tail_rows + self.n_empty_rows
-        if work:
+        if work:   # m == 0 leaves nothing to launch
             cwg = min(CALIBRATE_WORK_GROUP_SIZE, self.profile.max_work_group_size)
-            k = kernels["csr5_calibrate"]
-            k.set_args(idx(self.n_tiles), idx(self.n_full_tiles), idx(self.tail_row_begin),
-                       idx(self.n_tail_rows), idx(self.n_empty_rows), b["empty_rows"],
-                       b["row_ptr"], b["tile_ptr"], b["col_idx"],
-                       b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta)
-            events = [launch_kernel(queue, k, -(-work // cwg) * cwg, cwg, wait_for=events)]
-        if not events:  # m == 0: nothing to do
-            return cl.enqueue_marker(queue, wait_for=wait_for)
-        return events[0]
+            out.append(Launch(kernels["csr5_calibrate"], (
+                idx(self.n_tiles), idx(self.n_full_tiles), idx(self.tail_row_begin),
+                idx(self.n_tail_rows), idx(self.n_empty_rows), b["empty_rows"],
+                b["row_ptr"], b["tile_ptr"], b["col_idx"],
+                b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta),
+                -(-work // cwg) * cwg, cwg))
+        return out

@@ -139,8 +139,6 @@ class HYB(SpMVFormat):
         self.params["coo_work_group_size"] = self.coo.params["work_group_size"]
         return kernel
 
-    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
-        event = self.ell.enqueue(queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
-        coo_event = self.coo.enqueue(queue, self.buffers, x_buf, y_buf, alpha, 1.0,
-                                     wait_for=[event])
-        return coo_event if coo_event is not None else event
+    def launches(self, x_buf, y_buf, alpha, beta):
+        return (self.ell.launches(x_buf, y_buf, alpha, beta)
+                + self.coo.launches(self.buffers, x_buf, y_buf, alpha, self.dtype.type(1)))

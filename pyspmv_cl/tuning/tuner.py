@@ -159,7 +159,7 @@ class _Bench:
     """Vectors and a scipy reference shared by every candidate of one tuning run."""
 
     def __init__(self, csr, device, dtype):
-        self.queue = device.queue
+        self.queue = device.profiling_queue
         self.dtype = np.dtype(dtype)
         m, n = csr.shape
         rng = np.random.default_rng(0)
@@ -184,9 +184,9 @@ class _Bench:
         """Relative error of this candidate's product (inf for NaN)."""
         if not self.m:
             return 0.0
-        impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
+        event = impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
         y = np.empty(self.m, self.dtype)
-        cl.enqueue_copy(self.queue, y, self.y_buf, is_blocking=True)
+        cl.enqueue_copy(self.queue, y, self.y_buf, wait_for=[event], is_blocking=True)
         diff = np.abs(y.astype(np.float64) - self.y_ref)
         worst = float(np.max(diff)) if diff.size else 0.0
         return worst / self.scale if np.isfinite(worst) else float("inf")

@@ -1,0 +1,132 @@
+"""Launch plans (SpMVFormat.enqueue): kernel arguments are set once per (queue, x, y,
+alpha, beta) and reused.  Products that change any of them must stay right, a kernel
+launched twice in one product must get its own arguments each time, out-of-order
+queues must still run the passes in order, and ``format="auto"`` must measure on a
+user's queue that has no profiling."""
+
+import gc
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pytest
+from conftest import DEVICES, make_operator, poisoned
+from matrix_cases import CASES, check_against_scipy
+
+import pyspmv_cl as psc
+from pyspmv_cl.formats.base import Launch
+from pyspmv_cl.tuning import database
+
+FORMATS = psc.formats()
+DTYPE = np.float32
+
+# (x, y, alpha, beta) of successive products; each step changes one thing or returns
+# to an earlier combination, so a stale argument shows up as a wrong result.
+SEQUENCE = [(0, 0, 1.0, 0.0), (0, 0, 1.0, 0.0), (1, 0, 1.0, 0.0), (1, 1, 1.0, 0.0),
+            (1, 1, 2.5, 0.0), (1, 1, 2.5, -0.5), (0, 1, 2.5, -0.5), (0, 0, 1.0, 1.0),
+            (0, 0, 1.0, 0.0)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_changing_vectors_and_scalars(fmt, device, rng):
+    A = CASES["empty_rows"](rng)      # coo's empty-row pass runs only when beta != 1
+    op = make_operator(A, fmt, dtype=DTYPE, device=device)
+    if op is None:
+        pytest.skip(f"{fmt} refuses this matrix")
+    m, n = A.shape
+    xs = [rng.standard_normal(n) for _ in range(2)]
+    x_devs = [cla.to_device(op.queue, x.astype(DTYPE)) for x in xs]
+    y_devs = [cla.empty(op.queue, m, DTYPE) for _ in range(2)]
+    for step, (xi, yi, alpha, beta) in enumerate(SEQUENCE):
+        y0 = rng.standard_normal(m).astype(DTYPE) if beta else poisoned(m, DTYPE)
+        y_devs[yi].set(y0)
+        op.matvec(x_devs[xi], out=y_devs[yi], alpha=alpha, beta=beta)
+        check_against_scipy(y_devs[yi].get(), A, xs[xi], DTYPE, alpha, beta, y0)
+        if step % 3 == 2:   # a host product in between switches to the staging buffers
+            x = rng.standard_normal(n)
+            check_against_scipy(op @ x, A, x, DTYPE)
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "coo", "csr5", "bccoo", "hyb"])
+def test_vectors_freed_and_reallocated(fmt, device, rng):
+    """New arrays of the same size (the allocator may hand back the same handles)."""
+    A = CASES["power_law"](rng)
+    op = make_operator(A, fmt, dtype=DTYPE, device=device)
+    for _ in range(4):
+        x = rng.standard_normal(A.shape[1])
+        x_dev = cla.to_device(op.queue, x.astype(DTYPE))
+        y_dev = op.matvec(x_dev)
+        check_against_scipy(y_dev.get(), A, x, DTYPE)
+        del x_dev, y_dev
+        gc.collect()
+
+
+def test_kernel_launched_twice_in_one_product(device, rng):
+    """Two launches of one kernel object with different arguments: coo's empty-row
+    kernel (y = beta * y on the rows without entries) with beta 2, then 3."""
+    A = CASES["empty_rows"](rng)
+    op = psc.SpMV(A, format="coo", dtype=DTYPE, device=device)
+    impl = op._impl
+    part = impl.part
+    kernel = part.kernels["coo_empty_rows"]
+    empty = np.flatnonzero(np.diff(A.tocsr().indptr) == 0)
+    assert part.n_empty == empty.size > 0
+
+    def launches(x_buf, y_buf, alpha, beta):
+        geometry = (-(-part.n_empty // 64) * 64, 64)
+        return [Launch(kernel, (np.uint64(part.n_empty), impl.buffers["empty_rows"], y_buf,
+                                DTYPE(factor)), *geometry) for factor in (2, 3)]
+
+    impl.launches = launches
+    y0 = rng.standard_normal(A.shape[0]).astype(DTYPE)
+    for _ in range(2):  # the second product reuses the plan
+        y_dev = cla.to_device(op.queue, y0)
+        op.matvec(cla.zeros(op.queue, A.shape[1], DTYPE), out=y_dev, beta=1.0)
+        y = y_dev.get()
+        expected = y0.copy()
+        expected[empty] *= 6
+        np.testing.assert_array_equal(y, expected)
+
+
+def _out_of_order_queue(device):
+    props = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+    try:
+        return cl.CommandQueue(device.context, device.cl_device, properties=props)
+    except cl.Error:
+        pytest.skip(f"{device.profile.name} has no out-of-order queues")
+
+
+@pytest.mark.parametrize("fmt", ["coo", "hyb", "csr5", "bccoo", "sell"])
+def test_out_of_order_queue(fmt, device, rng):
+    """Every pass of a product, and the copies around it, ordered by events."""
+    queue = _out_of_order_queue(device)
+    A = CASES["power_law"](rng)
+    op = make_operator(A, fmt, dtype=DTYPE, device=queue)
+    assert op.queue is queue
+    for _ in range(5):
+        x = rng.standard_normal(A.shape[1])
+        check_against_scipy(op @ x, A, x, DTYPE)
+    x = rng.standard_normal(A.shape[1])
+    if A.shape[0] == A.shape[1]:
+        x_dev = cla.to_device(queue, x.astype(DTYPE))
+        z = op.matvec(op.matvec(x_dev)).get()
+        check_against_scipy(z, A @ A, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_auto_measures_on_a_queue_without_profiling(device, rng, tmp_path, monkeypatch):
+    monkeypatch.setenv(database.TUNING_DIR_ENV, str(tmp_path / "tuning"))
+    database.clear_memory()
+    try:
+        queue = cl.CommandQueue(device.context, device.cl_device)
+        assert not queue.properties & cl.command_queue_properties.PROFILING_ENABLE
+        A = CASES["power_law"](rng)
+        op = psc.SpMV(A, format="auto", dtype=DTYPE, device=queue, tune="force",
+                      tune_budget=30)
+    finally:
+        database.clear_memory()
+    assert op.tuning.source == "measured", op.explanation
+    assert "PROFILING" not in op.explanation
+    assert op.queue is queue
+    x = rng.standard_normal(A.shape[1])
+    check_against_scipy(op @ x, A, x, DTYPE)
