@@ -330,6 +330,10 @@ def test_footprint_shapes_and_tuning_candidates(device, rng):
     features = MatrixFeatures.from_csr(A)
     profile = device.profile
     cands = BCCOO.tuning_candidates(features, profile, np.float32, csr=A)
+    # GPUs add the smallest shape with the other tile size (8 for float32's 16).
+    other_tiles = [c for c in cands if "tile_size" in c]
+    cands = [c for c in cands if "tile_size" not in c]
+    assert other_tiles == ([dict(cands[0], tile_size=8)] if profile.is_gpu else [])
     assert len(cands) == 4
     assert {"block_height": 2, "block_width": 2} in cands
     p = BCCOO.default_params(features, profile, np.float32)
@@ -341,6 +345,10 @@ def test_footprint_shapes_and_tuning_candidates(device, rng):
                if {"block_height": shape[0], "block_width": shape[1]} not in cands]
     assert worst_kept <= min(dropped)
     assert BCCOO.tuning_candidates(features, profile, np.float32) == [{}]
+    gpu = profile.replace(device_type="gpu", simd_width=32, max_work_group_size=1024)
+    for dtype, tile in ((np.float32, 8), (np.float64, 16)):
+        gpu_cands = BCCOO.tuning_candidates(features, gpu, dtype, csr=A)
+        assert len(gpu_cands) == 5 and gpu_cands[-1] == dict(gpu_cands[0], tile_size=tile)
     for cand in cands[:2]:
         check_all(psc.SpMV(A, format="bccoo", device=device, dtype=np.float32, **cand), A,
                   np.float32, rng)

@@ -260,3 +260,21 @@ def test_csr_vector_candidates_offer_narrower_vectors():
     assert candidates(15.0) == [{}, {"vector_size": 8}, {"vector_size": 4}]
     assert candidates(3.0) == [{}, {"vector_size": 2}]
     assert candidates(1.0) == [{}]
+
+
+def test_sell_candidates_offer_more_threads_per_row_on_gpus():
+    """GPUs: 2, 4 and 8 work-items per row while rows average >= 3 entries per
+    work-item; the default (1 for this many rows) is not repeated; CPUs: defaults."""
+    from pyspmv_cl.formats.sell import SELL
+    gpu = DEVICES[0].profile.replace(device_type="gpu", simd_width=32, compute_units=132)
+
+    def candidates(mean, profile=gpu):
+        f = MatrixFeatures(10**6, 10**6, int(mean * 10**6), mean, 300, 1.5, 0)
+        return SELL.tuning_candidates(f, profile, np.float32)
+
+    assert candidates(14.5) == [{}, {"threads_per_row": 2}, {"threads_per_row": 4}]
+    assert candidates(30.0) == [{}, {"threads_per_row": 2}, {"threads_per_row": 4},
+                                {"threads_per_row": 8}]
+    assert candidates(5.0) == [{}]
+    cpu = DEVICES[0].profile.replace(device_type="cpu")
+    assert candidates(30.0, cpu) == [{}]
