@@ -11,7 +11,8 @@ import sys
 from pyspmv_cl.bench import format_table, summary_lines
 
 ORDER = ["csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb", "cmrs",
-         "csr5", "bccoo", "auto", "scipy", "torch-csr", "mkl", "cusparse"]
+         "csr5", "bccoo", "auto", "scipy", "torch-csr", "mkl", "cusparse",
+         "cupy-csr"]
 
 
 def pivot(results, dtype):

@@ -26,7 +26,7 @@ from .formats.base import (
     program_kernels,
 )
 from .matrix import SpMV
-from .peers import available_peers, time_peer
+from .peers import available_peers, cuda_sampler
 
 
 def min_bytes(csr, dtype):
@@ -134,24 +134,19 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
         for peer in peers:
             if progress:
                 progress(f"{name} {dtype.name} {peer.name}")
-            if peer.device != "cpu":   # CUDA-event timing of its own
-                try:
-                    seconds, y = time_peer(peer, csr, x64, dtype, repeats=repeats,
-                                           min_time=min_time)
-                except Exception as exc:
-                    failed(dtype, peer.name, exc)
-                    continue
-                results.append(_record(name, csr, dtype, peer.name, seconds, copy_gbps,
-                                       relative_error(y, y_ref, A64, x64), kind="peer"))
-                continue
+            # Peers are sampled in the same rounds as the formats, so that a GPU's clock
+            # or a CPU's load affects them alike.
             try:
                 f = peer.prepare(csr, dtype)
                 xh = np.ascontiguousarray(x64, dtype=dtype)
-                y = np.asarray(f(xh))
+                if peer.device == "cuda":   # CUDA-event times
+                    sample, y = cuda_sampler(f, xh)
+                else:
+                    sample, y = _wall_sample(f, xh), np.asarray(f(xh))
             except Exception as exc:
                 failed(dtype, peer.name, exc)
                 continue
-            timed.append((peer.name, _wall_sample(f, xh), _peer_finish(
+            timed.append((peer.name, sample, _peer_finish(
                 name, csr, dtype, peer.name, copy_gbps, relative_error(y, y_ref, A64, x64))))
         samples = _interleaved(timed, repeats, min_time, rounds)
         for (impl, _, finish), got in zip(timed, samples):
@@ -246,7 +241,7 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
     peers = [p for p in detected if p.available]
     skipped = {p.name: p.reason for p in detected if not p.available}
     if device.profile.device_type != "gpu":
-        peers = [p for p in peers if p.name != "cusparse"]
+        peers = [p for p in peers if p.device != "cuda"]
     if progress is not None and hasattr(progress, "total"):
         per_dtype = sum(1 for d in dtypes if np.dtype(d) != np.float64 or device.profile.fp64)
         progress.total = 1 + len(specs) * (1 + per_dtype * (len(formats) + len(peers)))

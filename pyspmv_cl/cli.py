@@ -198,7 +198,8 @@ def build_parser():
     p.add_argument("--device", default=None,
                    help="device selection (e.g. 0:1, cpu, gpu, pocl); default as the library")
     p.add_argument("--peers", default="all",
-                   help="comma-separated peers (scipy, torch, mkl, cusparse), 'all' or 'none'")
+                   help="comma-separated peers (scipy, torch, mkl, cusparse, cupy-csr), "
+                        "'all' or 'none'")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per case (median)")
     p.add_argument("--min-time", type=float, default=0.3,
                    help="minimum seconds of timed runs per case")

@@ -1,14 +1,16 @@
 """Reference SpMV implementations ("peers") that a user would otherwise call, timed alike.
 
 Peers: ``scipy`` (always), ``torch-csr`` (PyTorch sparse CSR + ``torch.mv``), ``mkl``
-(sparse_dot_mkl's ``dot_product_mkl``) and ``cusparse`` (CuPy's cuSPARSE-backed
-``csr_matrix``). Optional libraries are imported only inside the functions that need
-them, so importing this module never pulls in torch, cupy or MKL, and a missing or
-broken library only makes its peer unavailable, with the reason recorded.
+(sparse_dot_mkl's ``dot_product_mkl``), ``cusparse`` (cusparseSpMV through CuPy's
+bindings, its descriptors made once) and ``cupy-csr`` (CuPy's ``csr_matrix @ x``, which
+calls the same cuSPARSE routine but sets it up on every call).  Optional libraries are
+imported only inside the functions that need them, so importing this module never
+pulls in torch, cupy or MKL, and a missing or broken library only makes its peer
+unavailable, with the reason recorded.
 
 Every peer converts the matrix once (``Peer.prepare``), outside the timed region; the
 timed callable does only the product. CPU peers are timed by wall clock around each
-call; the GPU peer by CUDA events around the product with x already on the device.
+call; the GPU peers by CUDA events around the products with x already on the device.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["PEER_NAMES", "Peer", "available_peers", "median_time", "time_peer"]
+__all__ = ["PEER_NAMES", "Peer", "available_peers", "cuda_sampler", "median_time", "time_peer"]
 
-PEER_NAMES = ("scipy", "torch-csr", "mkl", "cusparse")
+PEER_NAMES = ("scipy", "torch-csr", "mkl", "cusparse", "cupy-csr")
 CUSPARSE_CALLS_PER_SAMPLE = 10
-_ALIASES = {"torch": "torch-csr", "sparse_dot_mkl": "mkl", "cupy": "cusparse"}
+_ALIASES = {"torch": "torch-csr", "sparse_dot_mkl": "mkl", "cupy": "cupy-csr"}
 
 
 # --------------------------------------------------------------------------- timing
@@ -194,23 +196,67 @@ def _mkl_peer() -> Peer:
 # cusparse ---------------------------------------------------------------------
 
 
-def _cusparse_builder(A, dtype):
+def _cupy_csr_builder(A, dtype):
     import cupyx.scipy.sparse as csp
 
     B = csp.csr_matrix(_as_csr(A, dtype))  # upload once
     return lambda x_dev: B @ x_dev
 
 
-def _cusparse_peer() -> Peer:
+def _cusparse_builder(A, dtype):
+    """cusparseSpMV through CuPy's bindings with the matrix and vector descriptors, the
+    output and the work buffer made once, as a CUDA program keeps them: each product is
+    one library call.  (``csr_matrix @ x``, the ``cupy-csr`` peer, makes them on every
+    call: about 40 us of host work on an H200, more than the kernel of a small matrix.)"""
+    import cupy
+    import cupyx.scipy.sparse as csp
+    from cupy.cuda import device
+    from cupy_backends.cuda.libs import cusparse as lib
+    from cupyx import cusparse
+
+    B = csp.csr_matrix(_as_csr(A, dtype))  # upload once
+    handle = device.get_cusparse_handle()
+    op = lib.CUSPARSE_OPERATION_NON_TRANSPOSE
+    alg = getattr(lib, "CUSPARSE_SPMV_ALG_DEFAULT", getattr(lib, "CUSPARSE_MV_ALG_DEFAULT", 0))
+    value_type = {np.dtype(np.float32): cupy.cuda.runtime.CUDA_R_32F,
+                  np.dtype(np.float64): cupy.cuda.runtime.CUDA_R_64F}[np.dtype(dtype)]
+    alpha, beta = np.ones(1, dtype), np.zeros(1, dtype)   # host scalars
+    desc_a = cusparse.SpMatDescriptor.create(B)
+    y = cupy.empty(B.shape[0], dtype)
+    desc_y = cusparse.DnVecDescriptor.create(y)
+    kept = {}   # descriptor and work buffer for the x last seen (kept alive with it)
+
+    def product(x_dev):
+        if kept.get("x") is not x_dev:
+            desc_x = cusparse.DnVecDescriptor.create(x_dev)
+            size = lib.spMV_bufferSize(handle, op, alpha.ctypes.data, desc_a.desc, desc_x.desc,
+                                       beta.ctypes.data, desc_y.desc, value_type, alg)
+            kept.update(x=x_dev, desc_x=desc_x, buffer=cupy.empty(max(1, size), cupy.int8))
+        lib.spMV(handle, op, alpha.ctypes.data, desc_a.desc, kept["desc_x"].desc,
+                 beta.ctypes.data, desc_y.desc, value_type, alg, kept["buffer"].data.ptr)
+        return y
+
+    return product
+
+
+def _cuda_peer(name, builder) -> Peer:
     import cupy
 
     if cupy.cuda.runtime.getDeviceCount() < 1:
         raise RuntimeError("no CUDA device")
     A, x, y = _tiny()
-    got = cupy.asnumpy(_cusparse_builder(A, np.dtype(np.float64))(cupy.asarray(x)))
+    got = cupy.asnumpy(builder(A, np.dtype(np.float64))(cupy.asarray(x)))
     if not np.allclose(got, y):
-        raise RuntimeError(f"cupyx csr_matrix @ x gave {got}, expected {y}")
-    return Peer("cusparse", True, device="cuda", builder=_cusparse_builder)
+        raise RuntimeError(f"{name} gave {got} on a 3x3 test product, expected {y}")
+    return Peer(name, True, device="cuda", builder=builder)
+
+
+def _cusparse_peer() -> Peer:
+    return _cuda_peer("cusparse", _cusparse_builder)
+
+
+def _cupy_csr_peer() -> Peer:
+    return _cuda_peer("cupy-csr", _cupy_csr_builder)
 
 
 _DETECTORS = {
@@ -218,6 +264,7 @@ _DETECTORS = {
     "torch-csr": _torch_peer,
     "mkl": _mkl_peer,
     "cusparse": _cusparse_peer,
+    "cupy-csr": _cupy_csr_peer,
 }
 
 
@@ -266,24 +313,26 @@ def time_peer(peer: Peer, A, x, dtype, **median_kw) -> tuple[float, np.ndarray]:
         y = np.asarray(f(xh))
         return median_time(lambda: f(xh), **median_kw), y
 
+    sample, y = cuda_sampler(f, xh)
+    kw = {"warmup": 3, "repeats": 20, "min_time": 0.2, "max_time": 5.0, **median_kw}
+    return _sample(sample, sample, kw["warmup"], kw["repeats"], kw["min_time"],
+                   kw["max_time"]), y
+
+
+def cuda_sampler(f, x_host) -> tuple[Callable[[], float], np.ndarray]:
+    """For a prepared CUDA peer ``f``: ``sample()`` giving the seconds of one product
+    (CUDA events), and y as a host array.  x is uploaded once."""
     import cupy
 
-    x_dev = cupy.asarray(xh)
+    x_dev = cupy.asarray(x_host)
     y = cupy.asnumpy(f(x_dev))
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
 
-    def warm() -> None:
-        f(x_dev)
-        end.record()
-        end.synchronize()
-
-    def measure() -> float:
-        # Several calls back to back between the events, so that CuPy's host work for
-        # one call (output allocation, cuSPARSE descriptors) overlaps the previous
-        # call's kernels instead of being timed as idle GPU time: closer to cuSPARSE's
-        # kernel time, which is what our rows report.  Where a product is shorter than
-        # that host work (~40-45 us a call on an H200 with CuPy 14), this is still CuPy's
-        # call rate, not cuSPARSE's kernel time: BENCHMARKS.md says which rows.
+    def sample() -> float:
+        # Several calls back to back between the events, so that the host work of one
+        # call overlaps the previous call's kernels instead of being timed as idle GPU
+        # time.  Where a product is shorter than that host work (cupy-csr: ~40 us a
+        # call on an H200), this is the call rate, not the kernel time.
         start.record()
         for _ in range(CUSPARSE_CALLS_PER_SAMPLE):
             f(x_dev)
@@ -291,6 +340,4 @@ def time_peer(peer: Peer, A, x, dtype, **median_kw) -> tuple[float, np.ndarray]:
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) * 1e-3 / CUSPARSE_CALLS_PER_SAMPLE
 
-    kw = {"warmup": 3, "repeats": 20, "min_time": 0.2, "max_time": 5.0, **median_kw}
-    return _sample(warm, measure, kw["warmup"], kw["repeats"], kw["min_time"],
-                   kw["max_time"]), y
+    return sample, y

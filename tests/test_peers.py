@@ -108,13 +108,15 @@ def test_available_peers_never_raises_and_is_ordered():
 
 def test_available_peers_include_and_aliases():
     assert [p.name for p in peers.available_peers(["torch", "scipy"])] == ["scipy", "torch-csr"]
+    assert [p.name for p in peers.available_peers(["cupy"])] == ["cupy-csr"]
     with pytest.raises(ValueError, match="unknown"):
         peers.available_peers(["nope"])
 
 
 @pytest.mark.parametrize(("module", "peer"), [("torch", "torch-csr"),
                                                ("sparse_dot_mkl", "mkl"),
-                                               ("cupy", "cusparse")])
+                                               ("cupy", "cusparse"),
+                                               ("cupy", "cupy-csr")])
 def test_missing_library_makes_peer_unavailable(monkeypatch, module, peer):
     # A None entry in sys.modules makes `import module` raise ImportError.
     monkeypatch.setitem(sys.modules, module, None)
@@ -125,7 +127,7 @@ def test_missing_library_makes_peer_unavailable(monkeypatch, module, peer):
         p.prepare(sp.identity(2, format="csr"), np.float64)
 
 
-@pytest.mark.parametrize("name", ["torch-csr", "mkl", "cusparse"])
+@pytest.mark.parametrize("name", ["torch-csr", "mkl", "cusparse", "cupy-csr"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_optional_peers_agree_with_scipy(name, dtype):
     (p,) = peers.available_peers([name])
@@ -149,3 +151,20 @@ def test_import_does_not_pull_in_optional_libraries():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("name", ["cusparse", "cupy-csr"])
+def test_cuda_peers_follow_a_new_x(name):
+    """The cusparse peer keeps x's descriptor: a different x must get its own."""
+    (p,) = peers.available_peers([name])
+    if not p.available:
+        pytest.skip(f"{name}: {p.reason}")
+    import cupy
+
+    A, _ = fresh_matrix(seed=5, shape=(300, 200))
+    f = p.prepare(A, np.float64)
+    rng = np.random.default_rng()
+    for _ in range(3):
+        x = rng.standard_normal(200)
+        y = cupy.asnumpy(f(cupy.asarray(x)))
+        np.testing.assert_allclose(y, A @ x, rtol=1e-12, atol=1e-12 * np.abs(A @ x).max())
