@@ -204,39 +204,53 @@ def _cupy_csr_builder(A, dtype):
 
 
 def _cusparse_builder(A, dtype):
+    return _CuSparseSpMV(_as_csr(A, dtype), np.dtype(dtype))
+
+
+class _CuSparseSpMV:
     """cusparseSpMV through CuPy's bindings with the matrix and vector descriptors, the
     output and the work buffer made once, as a CUDA program keeps them: each product is
     one library call.  (``csr_matrix @ x``, the ``cupy-csr`` peer, makes them on every
-    call: about 40 us of host work on an H200, more than the kernel of a small matrix.)"""
-    import cupy
-    import cupyx.scipy.sparse as csp
-    from cupy.cuda import device
-    from cupy_backends.cuda.libs import cusparse as lib
-    from cupyx import cusparse
+    call: about 40 us of host work on an H200, more than the kernel of a small matrix.)
+    The descriptors hold bare device pointers, so this object keeps every array they
+    point to alive: the matrix, y, and the x last seen."""
 
-    B = csp.csr_matrix(_as_csr(A, dtype))  # upload once
-    handle = device.get_cusparse_handle()
-    op = lib.CUSPARSE_OPERATION_NON_TRANSPOSE
-    alg = getattr(lib, "CUSPARSE_SPMV_ALG_DEFAULT", getattr(lib, "CUSPARSE_MV_ALG_DEFAULT", 0))
-    value_type = {np.dtype(np.float32): cupy.cuda.runtime.CUDA_R_32F,
-                  np.dtype(np.float64): cupy.cuda.runtime.CUDA_R_64F}[np.dtype(dtype)]
-    alpha, beta = np.ones(1, dtype), np.zeros(1, dtype)   # host scalars
-    desc_a = cusparse.SpMatDescriptor.create(B)
-    y = cupy.empty(B.shape[0], dtype)
-    desc_y = cusparse.DnVecDescriptor.create(y)
-    kept = {}   # descriptor and work buffer for the x last seen (kept alive with it)
+    def __init__(self, csr, dtype):
+        import cupy
+        import cupyx.scipy.sparse as csp
+        from cupy.cuda import device
+        from cupy_backends.cuda.libs import cusparse as lib
+        from cupyx import cusparse
 
-    def product(x_dev):
-        if kept.get("x") is not x_dev:
-            desc_x = cusparse.DnVecDescriptor.create(x_dev)
-            size = lib.spMV_bufferSize(handle, op, alpha.ctypes.data, desc_a.desc, desc_x.desc,
-                                       beta.ctypes.data, desc_y.desc, value_type, alg)
-            kept.update(x=x_dev, desc_x=desc_x, buffer=cupy.empty(max(1, size), cupy.int8))
-        lib.spMV(handle, op, alpha.ctypes.data, desc_a.desc, kept["desc_x"].desc,
-                 beta.ctypes.data, desc_y.desc, value_type, alg, kept["buffer"].data.ptr)
-        return y
+        self._lib, self._cusparse = lib, cusparse
+        self.matrix = csp.csr_matrix(csr)   # upload once
+        self.handle = device.get_cusparse_handle()
+        self.op = lib.CUSPARSE_OPERATION_NON_TRANSPOSE
+        self.alg = getattr(lib, "CUSPARSE_SPMV_ALG_DEFAULT",
+                           getattr(lib, "CUSPARSE_MV_ALG_DEFAULT", 0))
+        self.value_type = {np.dtype(np.float32): cupy.cuda.runtime.CUDA_R_32F,
+                           np.dtype(np.float64): cupy.cuda.runtime.CUDA_R_64F}[dtype]
+        self.alpha, self.beta = np.ones(1, dtype), np.zeros(1, dtype)   # host scalars
+        self.desc_a = cusparse.SpMatDescriptor.create(self.matrix)
+        self.y = cupy.empty(csr.shape[0], dtype)
+        self.desc_y = cusparse.DnVecDescriptor.create(self.y)
+        self.x = self.desc_x = self.buffer = None
 
-    return product
+    def __call__(self, x_dev):
+        import cupy
+
+        lib = self._lib
+        if x_dev is not self.x:
+            desc_x = self._cusparse.DnVecDescriptor.create(x_dev)
+            size = lib.spMV_bufferSize(self.handle, self.op, self.alpha.ctypes.data,
+                                       self.desc_a.desc, desc_x.desc, self.beta.ctypes.data,
+                                       self.desc_y.desc, self.value_type, self.alg)
+            self.x, self.desc_x = x_dev, desc_x
+            self.buffer = cupy.empty(max(1, size), cupy.int8)
+        lib.spMV(self.handle, self.op, self.alpha.ctypes.data, self.desc_a.desc,
+                 self.desc_x.desc, self.beta.ctypes.data, self.desc_y.desc, self.value_type,
+                 self.alg, self.buffer.data.ptr)
+        return self.y
 
 
 def _cuda_peer(name, builder) -> Peer:

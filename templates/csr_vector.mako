@@ -5,7 +5,79 @@
 ## reduction = "tree": log2(vector_size) halving steps (GPUs);
 ## reduction = "serial": one barrier, then lane 0 adds the partial sums (CPUs, where
 ## each barrier splits the work-item loop and costs more than the additions).
+## mapping = "adaptive": see pyspmv_cl/formats/csr_vector.py (CSR-Adaptive's row blocks:
+## several short rows streamed through local memory, or one long row for the group).
 ${c.preamble()}
+% if mapping == "adaptive":
+<% window = work_group_size * items_per_thread %>
+#define WG ${work_group_size}
+#define WINDOW ${window}
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void csr_vector(__global const index_t *restrict row_blocks,
+                __global const index_t *restrict row_ptr,
+                __global const index_t *restrict col_idx,
+                __global const real_t *restrict values,
+                __global const real_t *restrict x,
+                __global real_t *restrict y,
+                const real_t alpha,
+                const real_t beta)
+{
+    __local real_t products[WINDOW];
+    const uint lid = get_local_id(0);
+    const index_t first = row_blocks[get_group_id(0)];
+    const index_t last = row_blocks[get_group_id(0) + 1];
+    const index_t begin = row_ptr[first];
+    const index_t end = row_ptr[last];
+    // The block's entries go through local memory WINDOW products at a time, read
+    // consecutively by the group (coalesced, and neighbouring entries gather
+    // neighbouring x).  Then each row of the block is added up by TPR work-items, the
+    // most that fit the group (a power of two): one work-item a row when the block
+    // holds WG short rows, the whole group for a single long row.  Their partial sums
+    // are combined at the end.  Every barrier is outside any branch: PoCL hangs on
+    // barriers inside a branch, even a uniform one.
+    const uint n_rows = (uint)(last - first);   // 1..WG
+    uint tpr = WG;
+    while (tpr * n_rows > WG)
+        tpr >>= 1;
+    const uint sub = lid & (tpr - 1);
+    const index_t row = first + (index_t)(lid / tpr);
+    const bool has_row = row < last;
+    const index_t row_begin = has_row ? row_ptr[row] : 0;
+    const index_t row_end = has_row ? row_ptr[row + 1] : 0;
+    real_t sum = 0;
+    for (index_t window = begin; window < end; window += WINDOW) {
+% for k in range(items_per_thread):
+        {
+            const index_t j = window + ${k * work_group_size} + (index_t)lid;
+            products[${k * work_group_size} + lid] = (j < end) ? values[j] * x[col_idx[j]] : 0;
+        }
+% endfor
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const index_t hi = min(row_end, window + WINDOW);
+        for (index_t j = max(row_begin, window) + (index_t)sub; j < hi; j += tpr)
+            sum += products[j - window];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    products[lid] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+% if reduction == "tree":
+% for s in [work_group_size >> k for k in range(1, work_group_size.bit_length())]:
+    if (sub < ${s} && ${s} < tpr)
+        products[lid] = sum = sum + products[lid + ${s}];
+    barrier(CLK_LOCAL_MEM_FENCE);
+% endfor
+% else:
+    if (sub == 0) {
+        for (uint k = 1; k < tpr; ++k)
+            sum += products[lid + k];
+    }
+% endif
+    if (has_row && sub == 0) {
+${c.store_y("row", "sum")}
+    }
+}
+% else:
 <% rows_per_group = work_group_size // vector_size %>
 #define VECTOR_SIZE ${vector_size}
 #define ROWS_PER_GROUP ${rows_per_group}
@@ -51,3 +123,4 @@ void csr_vector(const long n_rows,
 ${c.store_y("row", "sum")}
     }
 }
+% endif

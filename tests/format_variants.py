@@ -30,6 +30,11 @@ VARIANTS = {
         {"vector_size": 16, "work_group_size": 64, "reduction": "serial"},
         {"vector_size": 32, "work_group_size": 1024, "reduction": "tree"},
         {"vector_size": 64, "work_group_size": 64, "reduction": "serial"},
+        {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 2, "reduction": "tree"},
+        {"mapping": "adaptive", "work_group_size": 16, "items_per_thread": 3,
+         "reduction": "serial"},
+        {"mapping": "adaptive", "work_group_size": 128, "items_per_thread": 8,
+         "reduction": "tree"},
     ],
     "coo": [  # tests/test_format_coo.py GEOMETRIES
         {"work_group_size": wg, "items_per_thread": t, "layout": layout, "scan": scan}

@@ -257,6 +257,21 @@ def test_csr_vector_size_not_power_of_two(cpu_device, rng, vector_size):
         psc.SpMV(A, format="csr-vector", device=cpu_device, vector_size=vector_size)
 
 
+@pytest.mark.parametrize("params, match", [
+    ({"mapping": "diagonal"}, "mapping"),
+    ({"mapping": "adaptive", "vector_size": 4}, "vector_size"),
+    ({"mapping": "adaptive", "items_per_thread": 0}, "items_per_thread"),
+    ({"mapping": "adaptive", "items_per_thread": 33}, "items_per_thread"),
+    ({"mapping": "adaptive", "items_per_thread": 2.5}, "items_per_thread"),
+    ({"mapping": "adaptive", "work_group_size": 96}, "power-of-two"),
+    ({"items_per_thread": 4}, "adaptive"),
+])
+def test_csr_vector_mapping_errors(cpu_device, rng, params, match):
+    A = small_matrix(rng, dtype=np.float32)
+    with pytest.raises(ValueError, match=match):
+        psc.SpMV(A, format="csr-vector", device=cpu_device, **params)
+
+
 # ------------------------------------------------------------------ formats and params
 
 

@@ -411,6 +411,49 @@ def test_csr_vector_geometries(vector_size, wg, reduction, dtype, device, rng):
         check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
 
 
+# (work_group_size, items_per_thread, reduction) of the adaptive mapping: one-item groups
+# (every block a single row), windows of 2..4096 entries, both reductions.
+ADAPTIVE_GEOMETRIES = [(1, 1, "tree"), (2, 1, "serial"), (4, 2, "tree"), (8, 3, "serial"),
+                       (32, 4, "tree"), (128, 8, "tree"), (256, 4, "serial"),
+                       (256, 16, "tree")]
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("wg,items,reduction", ADAPTIVE_GEOMETRIES,
+                         ids=[f"wg{w}-t{t}-{r}" for w, t, r in ADAPTIVE_GEOMETRIES])
+@with_dtypes
+def test_csr_vector_adaptive(wg, items, reduction, dtype, device, rng):
+    """Rows shorter and longer than a window, single-row blocks, empty rows, a dense
+    row, random lengths: against scipy, host and device vectors, alpha and beta."""
+    skip_without_fp64(device, dtype)
+    for case in ("row_length_sweep", "one_long_row", "empty_rows", "power_law", "1x1",
+                 "dense_3000_x_1", "0x0", "m_x_0", "0_x_n"):
+        A = CASES[case](rng)
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, mapping="adaptive",
+                      work_group_size=wg, items_per_thread=items, reduction=reduction)
+        params = op.params
+        assert params["mapping"] == "adaptive" and params["vector_size"] is None
+        assert params["items_per_thread"] == items and params["reduction"] == reduction
+        assert params["work_group_size"] <= wg
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=2.0, beta=-1.0)
+        check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+
+
+def test_adaptive_row_blocks_literal():
+    """Rows of lengths 3, 1, 0, 9, 2, 2, 1, 5 with windows of 4 entries and at most 3
+    rows a block: starts 0, 3, 4, 4, 13, 15, 17, 18 lie in windows 0, 0, 1, 1, 3, 3,
+    4, 4; rows 3 and 7 (9 and 5 > 4 entries) stand alone; the row grid cuts at rows 3
+    and 6."""
+    from pyspmv_cl.formats.csr_vector import adaptive_row_blocks
+
+    indptr = np.concatenate([[0], np.cumsum([3, 1, 0, 9, 2, 2, 1, 5])])
+    np.testing.assert_array_equal(adaptive_row_blocks(indptr, 3, 4), [0, 2, 3, 4, 6, 7, 8])
+    np.testing.assert_array_equal(adaptive_row_blocks(np.zeros(1), 3, 4), [0])
+    # Empty rows: only the row grid cuts.
+    np.testing.assert_array_equal(adaptive_row_blocks(np.zeros(8), 3, 4), [0, 3, 6, 7])
+
+
 @pytest.mark.parametrize("work_group_size", [1, 96, 128])
 @with_dtypes
 def test_csr_scalar_work_group_sizes(work_group_size, dtype, device, rng):

@@ -199,13 +199,13 @@ class SpMVFormat:
                                               self.params.pop("index_bits", None))
         self.params["index_bits"] = self.index_dtype.itemsize * 8
         self._check_work_group_size()
+        self._kernels = {}   # before _convert, which may build (to settle the group size)
         host_arrays = self._convert(csr)
         sizes = {name: arr.nbytes for name, arr in host_arrays.items()}
         vector_bytes = (csr.shape[0] + csr.shape[1]) * self.dtype.itemsize
         check_allocations(self.profile, sizes, vector_bytes)
         self.nbytes = int(sum(sizes.values()))
         self.buffers = {name: upload(device.context, arr) for name, arr in host_arrays.items()}
-        self._kernels = {}
 
     def _check_work_group_size(self):
         wg = self.params.get("work_group_size")
