@@ -257,11 +257,13 @@ def test_csr_vector_candidates_offer_narrower_vectors():
         f = MatrixFeatures(10**5, 10**5, int(mean * 10**5), mean, 300, 1.5, 0)
         return CSRVector.tuning_candidates(f, gpu, np.float32)
 
-    adaptive = [{"mapping": "adaptive"},
-                {"mapping": "adaptive", "work_group_size": 256, "items_per_thread": 4}]
-    assert candidates(15.0) == [{}, {"vector_size": 8}, {"vector_size": 4}] + adaptive
-    assert candidates(3.0) == [{}, {"vector_size": 2}] + adaptive
-    assert candidates(1.0) == [{}] + adaptive
+    # GPUs: the adaptive default first (the first pass times one candidate a format),
+    # then the row default, the other adaptive shape and the narrower vectors.
+    adaptive, wide = {"mapping": "adaptive"}, {"mapping": "adaptive", "work_group_size": 256,
+                                               "items_per_thread": 4}
+    assert candidates(15.0) == [adaptive, {}, wide, {"vector_size": 8}, {"vector_size": 4}]
+    assert candidates(3.0) == [adaptive, {}, wide, {"vector_size": 2}]
+    assert candidates(1.0) == [adaptive, {}, wide]
     # Rows over 8 windows (8 * 128 * 8 = 8192 entries): no adaptive candidates.
     hub = MatrixFeatures(10**5, 10**5, 10**6, 10.0, 10**4, 50.0, 0)
     assert CSRVector.tuning_candidates(hub, gpu, np.float32) == [

@@ -196,7 +196,11 @@ class CSR5(SpMVFormat):
             # PoCL runs a group as a loop over its work-items and a barrier splits it:
             # few barriers (one for the serial segmented sum), several tiles per group.
             wg, segmented_sum = 8 * omega, "serial"
-        wg = max(omega, min(wg, profile.max_work_group_size) // omega * omega)
+        # ... within the local memory the compute kernel needs (a value, and a flag for
+        # the scan, per work-item).
+        per_item = np.dtype(dtype).itemsize + (4 if segmented_sum == "scan" else 0)
+        wg = min(wg, profile.max_work_group_size, profile.local_mem_size // per_item)
+        wg = max(omega, wg // omega * omega)
         return {"omega": omega, "sigma": sigma, "work_group_size": wg,
                 "segmented_sum": segmented_sum, "run_group": "auto"}
 
