@@ -59,15 +59,19 @@ void csr_vector(__global const index_t *restrict row_blocks,
             sum += products[j - window];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+    // The window loop ended with a barrier: products can be overwritten.
     products[lid] = sum;
-    barrier(CLK_LOCAL_MEM_FENCE);
 % if reduction == "tree":
-% for s in [work_group_size >> k for k in range(1, work_group_size.bit_length())]:
-    if (sub < ${s} && ${s} < tpr)
-        products[lid] = sum = sum + products[lid + ${s}];
-    barrier(CLK_LOCAL_MEM_FENCE);
-% endfor
+    // log2(tpr) halving steps, none when each row has one work-item (the loop's trip
+    // count is the group's, so its barriers are uniform).  Within a step, lid reads
+    // lid + s, which (sub + s >= s) does not write.
+    for (uint s = tpr >> 1; s > 0; s >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (sub < s)
+            products[lid] = sum = sum + products[lid + s];
+    }
 % else:
+    barrier(CLK_LOCAL_MEM_FENCE);
     if (sub == 0) {
         for (uint k = 1; k < tpr; ++k)
             sum += products[lid + k];
