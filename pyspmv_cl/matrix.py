@@ -58,7 +58,8 @@ class SpMV:
     (seconds spent getting the compiled kernel: near zero from the kernel cache).
 
     One operator is not meant to be used from several threads at once: host vectors
-    travel through per-operator staging buffers.
+    travel through per-operator staging buffers, and its kernels keep their arguments
+    (x, y, alpha, beta) set from one product to the next.
     """
 
     def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
