@@ -8,11 +8,11 @@ one row per matrix, one column per implementation (kernel microseconds), the for
 import json
 import sys
 
+from pyspmv_cl import formats
 from pyspmv_cl.bench import format_table, summary_lines
+from pyspmv_cl.peers import PEER_NAMES
 
-ORDER = ["csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb", "cmrs",
-         "csr5", "bccoo", "auto", "scipy", "torch-csr", "mkl", "cusparse",
-         "cupy-csr"]
+ORDER = [*formats(), "auto", *PEER_NAMES]
 
 
 def pivot(results, dtype):

@@ -237,10 +237,10 @@ class _CuSparseSpMV:
         self.x = self.desc_x = self.buffer = None
 
     def __call__(self, x_dev):
-        import cupy
-
         lib = self._lib
         if x_dev is not self.x:
+            import cupy
+
             desc_x = self._cusparse.DnVecDescriptor.create(x_dev)
             size = lib.spMV_bufferSize(self.handle, self.op, self.alpha.ctypes.data,
                                        self.desc_a.desc, desc_x.desc, self.beta.ctypes.data,

@@ -91,9 +91,14 @@ def launch_kernel(queue, kernel, global_size, local_size, wait_for=None):
     ``record_launches`` can collect the events of one product (for timing)."""
     event = cl.enqueue_nd_range_kernel(queue, kernel, (int(global_size),), (int(local_size),),
                                        wait_for=wait_for)
+    _record(kernel, event)
+    return event
+
+
+def _record(kernel, event):
+    """Hand a launch's event to every active ``record_launches`` block."""
     for events, with_names in _recorders:
         events.append((kernel.function_name, event) if with_names else event)
-    return event
 
 
 @contextlib.contextmanager
@@ -322,8 +327,7 @@ class SpMVFormat:
                 wait_for = None if self._plan_in_order else [event]
             event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size,
                                                wait_for=wait_for)
-            for events, with_names in _recorders:
-                events.append((kernel.function_name, event) if with_names else event)
+            _record(kernel, event)
         return event
 
     def _kernel_args(self, x_buf, y_buf, alpha, beta):

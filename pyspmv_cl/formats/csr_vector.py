@@ -6,12 +6,13 @@ to ``vector_size`` = 2...64 work-items per row.
 ``mapping="adaptive"``: after Greathouse & Daga's CSR-Adaptive (SC14).  The host cuts
 the rows into blocks (``row_blocks``), one work-group each:
 
-- a block of several short rows is *streamed*: the group reads the block's entries
-  consecutively (coalesced ``values``/``col_idx``, and neighbouring entries gather
-  neighbouring ``x``), ``work_group_size * items_per_thread`` products at a time, into
-  local memory; then each work-item adds up one row from there;
-- a row longer than that is a block of its own, which the whole group strides over and
-  reduces (``reduction``), like the vector kernel with a group-wide vector.
+- the group reads the block's entries consecutively (coalesced ``values``/``col_idx``,
+  and neighbouring entries gather neighbouring ``x``), ``work_group_size *
+  items_per_thread`` products at a time, into local memory;
+- each row is then added up from there by as many work-items as the group holds per
+  row (a power of two: one each for a block of ``work_group_size`` short rows, all of
+  them for a row longer than a window, which is a block of its own), and their partial
+  sums are combined (``reduction``).
 
 Blocks are cut, without a loop over rows, where a row's first entry enters a new window
 of ``work_group_size * items_per_thread`` entries, every ``work_group_size`` rows (one
@@ -27,6 +28,8 @@ VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
 MAPPINGS = ("rows", "adaptive")
 MAX_ITEMS_PER_THREAD = 32
 ADAPTIVE_MAX_WINDOWS = 8
+# The adaptive mapping's default shape (work-group size, entries per work-item).
+ADAPTIVE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
 
 
 def vector_size_for(mean_row_length, simd_lanes):
@@ -90,9 +93,10 @@ class CSRVector(CSRFormatBase):
             if "vector_size" not in given:
                 params["vector_size"] = None
             if "work_group_size" not in given:
-                params["work_group_size"] = pow2_floor(min(128, profile.max_work_group_size))
+                params["work_group_size"] = pow2_floor(
+                    min(ADAPTIVE_DEFAULT["work_group_size"], profile.max_work_group_size))
             if "items_per_thread" not in given:
-                params["items_per_thread"] = 8
+                params["items_per_thread"] = ADAPTIVE_DEFAULT["items_per_thread"]
         return params
 
     @classmethod
@@ -112,9 +116,10 @@ class CSRVector(CSRFormatBase):
         adaptive = []
         if profile.is_gpu:
             for shape in ({}, {"work_group_size": 256, "items_per_thread": 4}):
-                if shape.get("work_group_size", 128) > profile.max_work_group_size:
+                full = {**ADAPTIVE_DEFAULT, **shape}
+                if full["work_group_size"] > profile.max_work_group_size:
                     continue
-                window = shape.get("work_group_size", 128) * shape.get("items_per_thread", 8)
+                window = full["work_group_size"] * full["items_per_thread"]
                 if features.max_row_length <= ADAPTIVE_MAX_WINDOWS * window:
                     adaptive.append({"mapping": "adaptive", **shape})
         if not adaptive:

@@ -164,11 +164,11 @@ def calibrate_bounds(device=None, dtype=np.float32, *, row_lengths=CALIBRATION_R
         raise ValueError("calibrate_bounds needs at least two row lengths")
     best = {}
     omega = None
+    queue = device.profiling_queue
     for length in row_lengths:
         rows = max(1, nnz // length)
         A = generators.random_uniform(rows, max(rows, length), nnz_per_row=length, seed=length)
         rng = np.random.default_rng(length)
-        queue = device.profiling_queue
         x_dev = cla.to_device(queue, rng.uniform(-1, 1, A.shape[1]).astype(dtype))
         y_dev = cla.empty(queue, A.shape[0], dtype)
         timings = {}
