@@ -17,8 +17,8 @@ import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.formats.base import record_launches
 from pyspmv_cl.generators import from_spec
+from pyspmv_cl.launching import record_launches
 
 
 def parse_settings(items):

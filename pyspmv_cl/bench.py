@@ -19,12 +19,8 @@ import scipy.sparse as sp
 
 from . import codegen
 from .cache import get_program
-from .formats.base import (
-    format_bytes,
-    launch_kernel,
-    launches_seconds,
-    program_kernels,
-)
+from .formats.base import format_bytes, program_kernels
+from .launching import launch_kernel, launches_seconds
 from .matrix import SpMV
 from .peers import available_peers, cuda_sampler
 

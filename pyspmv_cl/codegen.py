@@ -1,22 +1,39 @@
-"""Render Mako templates (``templates/``) into OpenCL C source.
+"""Render Mako templates (``templates/``) into OpenCL C source, and kernel signatures
+from the arguments a format declares.
 
 Every specialisation value is passed to the template and rendered into the source,
 so the kernel cache key (a hash of the source) captures it.  Templates include the
-hand-written helpers of ``kernels/`` through ``helper("name.cl")``.
+hand-written helpers of ``kernels/`` through ``helper("name.cl")`` and write each
+kernel's head as ``${signature("name")}``: the argument list exists once, in the
+format's :class:`KernelSpec`, which also binds the arguments by name at launch time.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import functools
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 from mako.lookup import TemplateLookup
 
 _C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
             np.dtype(np.int32): "int", np.dtype(np.int64): "long",
-            np.dtype(np.uint32): "uint", np.dtype(np.uint64): "ulong"}
+            np.dtype(np.uint32): "uint", np.dtype(np.uint64): "ulong",
+            np.dtype(np.int16): "short", np.dtype(np.uint16): "ushort",
+            np.dtype(np.int8): "char", np.dtype(np.uint8): "uchar"}
+_NUMPY_TYPES = {name: dtype for dtype, name in _C_TYPES.items()}
+
+# Argument roles: where the value of an argument comes from when a kernel is launched.
+MATRIX = "matrix"     # a device array of the format (read only), by name
+SCRATCH = "scratch"   # a scratch buffer of the format (read and written), by name
+SCALAR = "scalar"     # a number given with the launch, by name
+X, Y, ALPHA, BETA = "x", "y", "alpha", "beta"   # the product's operands
+ROLES = (MATRIX, SCRATCH, SCALAR, X, Y, ALPHA, BETA)
 
 
-def c_type(dtype):
+def c_type(dtype) -> str:
     """The OpenCL C scalar type name of a numpy dtype."""
     try:
         return _C_TYPES[np.dtype(dtype)]
@@ -24,36 +41,121 @@ def c_type(dtype):
         raise TypeError(f"no OpenCL C type for dtype {np.dtype(dtype)}") from None
 
 
-def _package_dir(name):
-    # Installed non-editable, the package data are plain files beside the modules.
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One kernel argument: its name, its OpenCL C element type (``real_t``,
+    ``index_t``, a type the format defines, or a plain C type) and its role."""
+
+    name: str
+    ctype: str
+    role: str
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"argument {self.name!r}: role must be one of {ROLES}")
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.role in (MATRIX, SCRATCH, X, Y)
+
+    def declaration(self) -> str:
+        if not self.is_pointer:
+            return f"const {self.ctype} {self.name}"
+        const = "const " if self.role in (MATRIX, X) else ""
+        return f"__global {const}{self.ctype} *restrict {self.name}"
+
+
+def matrix(name: str, ctype: str) -> Arg:
+    return Arg(name, ctype, MATRIX)
+
+
+def scratch(name: str, ctype: str = "real_t") -> Arg:
+    return Arg(name, ctype, SCRATCH)
+
+
+def scalar(name: str, ctype: str) -> Arg:
+    return Arg(name, ctype, SCALAR)
+
+
+X_ARG = Arg("x", "real_t", X)
+Y_ARG = Arg("y", "real_t", Y)
+ALPHA_ARG = Arg("alpha", "real_t", ALPHA)
+BETA_ARG = Arg("beta", "real_t", BETA)
+#: The operands most kernels end with: x, y, alpha, beta.
+PRODUCT_ARGS = (X_ARG, Y_ARG, ALPHA_ARG, BETA_ARG)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """A kernel of a template: its name, its arguments in order, and whether its
+    work-group size is fixed at compile time (``reqd_work_group_size``: the format's
+    ``work_group_size``)."""
+
+    name: str
+    args: tuple
+    fixed_group: bool = False
+
+    def signature(self, work_group_size: int) -> str:
+        head = "__kernel "
+        if self.fixed_group:
+            head += f"__attribute__((reqd_work_group_size({int(work_group_size)}, 1, 1)))\n"
+        indent = " " * (len("void ") + len(self.name) + 1)
+        args = (",\n" + indent).join(a.declaration() for a in self.args)
+        return f"{head}void {self.name}({args})"
+
+
+def scalar_type(ctype: str, types: dict):
+    """The numpy type of a scalar argument's C type: ``types`` maps the format's own
+    type names (``real_t``, ``index_t``, ``pos_t``...) to dtypes."""
+    if ctype in types:
+        return np.dtype(types[ctype]).type
+    try:
+        return _NUMPY_TYPES[ctype].type
+    except KeyError:
+        raise TypeError(f"no numpy type for the OpenCL C type {ctype!r}") from None
+
+
+def _folder(name: str) -> str:
+    """``templates/`` or ``kernels/``: the checkout's top-level folder when running
+    from a source tree (plain or editable), else the installed package data."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "setup.cfg").is_file() and (checkout / name).is_dir():
+        return str(checkout / name)
     return str(resources.files(f"pyspmv_cl.{name}"))
 
 
 @functools.cache
-def _lookup():
-    return TemplateLookup(directories=[_package_dir("templates")], strict_undefined=True,
+def _lookup() -> TemplateLookup:
+    return TemplateLookup(directories=[_folder("templates")], strict_undefined=True,
                           input_encoding="utf-8")
 
 
 @functools.cache
-def helper(name):
+def helper(name: str) -> str:
     """The text of a hand-written OpenCL helper from ``kernels/``."""
-    return resources.files("pyspmv_cl.kernels").joinpath(name).read_text(encoding="utf-8")
+    return (Path(_folder("kernels")) / name).read_text(encoding="utf-8")
 
 
-def needs_fp64_pragma(opencl_c_version):
+def needs_fp64_pragma(opencl_c_version) -> bool:
     """OpenCL C before 1.2 requires enabling cl_khr_fp64 to use double."""
     return tuple(opencl_c_version) < (1, 2)
 
 
-def render(template_name, *, dtype, index_dtype, profile, **params):
+def render(template_name: str, *, dtype, index_dtype, profile, kernels=(),
+           work_group_size=None, **params) -> str:
     """Render ``template_name`` for value type ``dtype`` and index type
-    ``index_dtype`` on a device with ``profile``; ``params`` are the format's
+    ``index_dtype`` on a device with ``profile``; ``kernels`` are the KernelSpecs whose
+    heads the template writes with ``signature(name)``; ``params`` are the format's
     specialisation values."""
     dtype = np.dtype(dtype)
+    specs = {k.name: k for k in kernels}
+
+    def signature(name):
+        return specs[name].signature(work_group_size)
+
     template = _lookup().get_template(template_name)
     return template.render(
         real_t=c_type(dtype), index_t=c_type(index_dtype),
         is_double=dtype == np.float64,
         fp64_pragma=dtype == np.float64 and needs_fp64_pragma(profile.opencl_c_version),
-        helper=helper, **params)
+        helper=helper, signature=signature, work_group_size=work_group_size, **params)

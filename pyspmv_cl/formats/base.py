@@ -2,7 +2,6 @@
 allocation checks, device upload and building a kernel whose work-group size the
 device accepts."""
 
-import contextlib
 import typing
 
 import numpy as np
@@ -11,6 +10,7 @@ import pyopencl as cl
 from .. import codegen
 from ..cache import get_program
 from ..errors import DeviceMemoryError, IndexOverflowError
+from ..launching import enqueue_launch
 
 # Room left below 2**31 so that 32-bit loop counters (j += vector size, ...) never wrap.
 _INT32_LIMIT = 2**31 - 1 - 65536
@@ -75,58 +75,12 @@ def program_kernels(program, names):
     return {n: found[n] for n in names}
 
 
-_recorders = []
-
-
 class Launch(typing.NamedTuple):
     """One 1-D kernel launch of a product: the kernel, its arguments, and its sizes."""
     kernel: cl.Kernel
     args: tuple
     global_size: int
     local_size: int
-
-
-def launch_kernel(queue, kernel, global_size, local_size, wait_for=None):
-    """Enqueue a 1-D launch of ``kernel``; every format launches through here so that
-    ``record_launches`` can collect the events of one product (for timing)."""
-    event = cl.enqueue_nd_range_kernel(queue, kernel, (int(global_size),), (int(local_size),),
-                                       wait_for=wait_for)
-    _record(kernel, event)
-    return event
-
-
-def _record(kernel, event):
-    """Hand a launch's event to every active ``record_launches`` block."""
-    for events, with_names in _recorders:
-        events.append((kernel.function_name, event) if with_names else event)
-
-
-@contextlib.contextmanager
-def record_launches(with_names=False):
-    """Collect, in a list, the events of every kernel launched inside the block (as
-    ``(kernel name, event)`` pairs with ``with_names``)."""
-    events = []
-    entry = (events, with_names)
-    _recorders.append(entry)
-    try:
-        yield events
-    finally:
-        _recorders.remove(entry)
-
-
-def launches_seconds(enqueue):
-    """Device seconds of the kernels ``enqueue()`` launches, however many: from the
-    start of the first to the end of the last (profiling events; gaps between
-    dependent kernels count, host-side queueing before the first does not).  One
-    product per sample: timing several back to back from Python measured the host's
-    launch overhead instead on short GPU products (an H200: sell on a 3.6M-non-zero
-    matrix 10 us alone, 20 us a product back to back)."""
-    with record_launches() as events:
-        enqueue()
-    if not events:
-        return 0.0
-    events[-1].wait()
-    return (events[-1].profile.end - events[0].profile.start) * 1e-9
 
 
 def launch_rows(n_rows, rows_per_group, work_group_size):
@@ -325,9 +279,7 @@ class SpMVFormat:
                 kernel.set_args(*args)
             if event is not None:
                 wait_for = None if self._plan_in_order else [event]
-            event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size,
-                                               wait_for=wait_for)
-            _record(kernel, event)
+            event = enqueue_launch(queue, kernel, global_size, local_size, wait_for=wait_for)
         return event
 
     def _kernel_args(self, x_buf, y_buf, alpha, beta):

@@ -136,7 +136,7 @@ def fit_bounds(best_sigma):
 
 
 def _median_product_seconds(op, x_dev, y_dev, repeats):
-    from ..formats.base import launches_seconds
+    from ..launching import launches_seconds
 
     queue = x_dev.queue   # the device's profiling queue
     times = [launches_seconds(lambda: op._impl.enqueue(queue, x_dev.data, y_dev.data, 1.0, 0.0))

@@ -175,7 +175,7 @@ class _Bench:
         self.m = m
 
     def launch_seconds(self, impl):
-        from ..formats.base import launches_seconds
+        from ..launching import launches_seconds
 
         return launches_seconds(
             lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
