@@ -14,8 +14,11 @@ from .errors import (
     DeviceNotFoundError,
     FormatNotSuitableError,
     IndexOverflowError,
+    InvalidInputError,
+    InvalidParameterError,
     KernelBuildError,
     PySpMVError,
+    UnknownParameterError,
     UnsupportedDtypeError,
 )
 from .formats import FORMATS as _FORMATS
@@ -37,5 +40,6 @@ __all__ = [
     "__version__", "formats", "devices", "get_device", "SpMV", "spmv", "Device",
     "DeviceProfile", "PySpMVError", "UnsupportedDtypeError", "DeviceCapabilityError",
     "DeviceMemoryError", "IndexOverflowError", "FormatNotSuitableError",
-    "DeviceNotFoundError", "KernelBuildError",
+    "DeviceNotFoundError", "KernelBuildError", "InvalidParameterError", "UnknownParameterError",
+    "InvalidInputError",
 ]

@@ -44,3 +44,15 @@ class KernelBuildError(PySpMVError, RuntimeError):
         if build_log:
             text += "\n--- build log ---\n" + build_log.strip()
         super().__init__(text)
+
+
+class InvalidParameterError(PySpMVError, ValueError):
+    """A format parameter (or format name) with a value the format does not take."""
+
+
+class UnknownParameterError(PySpMVError, TypeError):
+    """A keyword that no format parameter (or no chosen format) has."""
+
+
+class InvalidInputError(PySpMVError, ValueError):
+    """A matrix, vector or shape that is malformed or does not fit the operator."""

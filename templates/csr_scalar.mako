@@ -3,15 +3,7 @@
 ## work-item per row, so each work-group covers a contiguous block of rows.
 ${c.preamble()}
 
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void csr_scalar(const long n_rows,
-                __global const index_t *restrict row_ptr,
-                __global const index_t *restrict col_idx,
-                __global const real_t *restrict values,
-                __global const real_t *restrict x,
-                __global real_t *restrict y,
-                const real_t alpha,
-                const real_t beta)
+${signature("csr_scalar")}
 {
     const long row = get_global_id(0);
     if (row < n_rows) {

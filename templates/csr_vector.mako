@@ -13,15 +13,7 @@ ${c.preamble()}
 #define WG ${work_group_size}
 #define WINDOW ${window}
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void csr_vector(__global const index_t *restrict row_blocks,
-                __global const index_t *restrict row_ptr,
-                __global const index_t *restrict col_idx,
-                __global const real_t *restrict values,
-                __global const real_t *restrict x,
-                __global real_t *restrict y,
-                const real_t alpha,
-                const real_t beta)
+${signature("csr_vector")}
 {
     __local real_t products[WINDOW];
     const uint lid = get_local_id(0);
@@ -86,15 +78,7 @@ ${c.store_y("row", "sum")}
 #define VECTOR_SIZE ${vector_size}
 #define ROWS_PER_GROUP ${rows_per_group}
 
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void csr_vector(const long n_rows,
-                __global const index_t *restrict row_ptr,
-                __global const index_t *restrict col_idx,
-                __global const real_t *restrict values,
-                __global const real_t *restrict x,
-                __global real_t *restrict y,
-                const real_t alpha,
-                const real_t beta)
+${signature("csr_vector")}
 {
     __local real_t partial[${work_group_size}];
     const uint lid = get_local_id(0);

@@ -1,42 +1,16 @@
-"""Storage formats: one module per format, registered here by canonical name."""
+"""Storage formats: one module per format, each registering its class with
+``@register`` (registry.py).  Importing this package imports every module in it, so a
+new format needs no edit here."""
 
-from .bccoo import BCCOO
-from .cmrs import CMRS
-from .coo import COO
-from .csr5 import CSR5
-from .csr_scalar import CSRScalar
-from .csr_vector import CSRVector
-from .dia import DIA
-from .ell import ELL
-from .ellr_t import ELLRT
-from .hyb import HYB
-from .sell import SELL
+import importlib
+import pkgutil
 
-# Canonical order (DESIGN.md); formats() lists the registered ones in this order.
-CANONICAL_ORDER = ("csr-scalar", "csr-vector", "coo", "dia", "ell", "ellr-t", "sell", "hyb",
-                   "cmrs", "csr5", "bccoo")
+from .registry import get_format, register, registered
 
-_CLASSES = [
-    BCCOO,
-    CMRS,
-    COO,
-    CSR5,
-    CSRScalar,
-    CSRVector,
-    DIA,
-    ELL,
-    ELLRT,
-    HYB,
-    SELL,
-]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
-FORMATS = {cls.name: cls for cls in sorted(_CLASSES,
-                                           key=lambda c: CANONICAL_ORDER.index(c.name))}
+#: Every format, name -> class, in canonical order (DESIGN.md's list).
+FORMATS = registered()
 
-
-def get_format(name):
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown format {name!r}; available: "
-                         f"{', '.join(FORMATS)} or 'auto'") from None
+__all__ = ["FORMATS", "get_format", "register", "registered"]

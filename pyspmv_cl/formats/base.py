@@ -1,24 +1,65 @@
-"""What every storage format shares: parameter resolution, index-type choice,
-allocation checks, device upload and building a kernel whose work-group size the
-device accepts."""
+"""The format contract: what every storage format declares, and the one construction
+path and launch path they all share.
 
+A format is a subclass of :class:`SpMVFormat` in its own module, decorated with
+``@register``, plus its template.  It declares:
+
+- ``name``, ``order`` (its place in ``pyspmv_cl.formats()``), ``template``;
+- ``params``: its :class:`~.params.Param` s (validated before anything is converted or
+  rendered), ``default_params`` (from the matrix features and device profile),
+  ``check_params`` (rules between parameters), ``tuning_candidates`` and
+  ``estimate_cost`` (what the tuner reads), ``may_refuse`` (whether it can raise
+  ``FormatNotSuitableError`` for a matrix);
+- per operator: ``analyse(csr)`` (facts the kernel source depends on), ``programs()``
+  (templates, their kernels as :class:`~pyspmv_cl.codegen.KernelSpec` s, their
+  specialisation values), ``convert(csr)`` (host arrays, named as the kernels'
+  arguments), ``scratch_sizes()`` (device work buffers) and ``launches(beta)`` (the
+  kernel launches of one product, each bound by argument name).
+
+Construction runs: resolve and validate the parameters (``resolve_params``), choose the
+index type, ``analyse``, check the work-group size against the device, build every
+program (shrinking the group size where a compiled kernel allows fewer work-items),
+``convert``, check the sizes against the device's limits, upload, allocate the
+scratch.  Conversion happens after the build, so a layout that depends on the group
+size sees the final one.
+"""
+
+from __future__ import annotations
+
+import time
 import typing
+from collections.abc import Sequence
 
 import numpy as np
 import pyopencl as cl
 
 from .. import codegen
-from ..cache import get_program
-from ..errors import DeviceMemoryError, IndexOverflowError
+from ..codegen import ALPHA, BETA, MATRIX, SCALAR, SCRATCH, KernelSpec, X, Y
+from ..errors import (
+    DeviceCapabilityError,
+    DeviceMemoryError,
+    IndexOverflowError,
+    InvalidParameterError,
+)
 from ..launching import enqueue_launch
+from . import params as P
+from .builder import ProgramSpec, build_program, pow2_floor
+
+if typing.TYPE_CHECKING:
+    from ..features import MatrixFeatures
 
 # Room left below 2**31 so that 32-bit loop counters (j += vector size, ...) never wrap.
-_INT32_LIMIT = 2**31 - 1 - 65536
+INT32_LIMIT = 2**31 - 1 - 65536
 
 
-def choose_index_dtype(n_rows, n_cols, nnz, index_bits=None):
+def fits_int32(*sizes: int) -> bool:
+    """Whether every size fits 32-bit indices (with the margin above)."""
+    return max(sizes, default=0) <= INT32_LIMIT
+
+
+def choose_index_dtype(n_rows: int, n_cols: int, nnz: int, index_bits=None) -> np.dtype:
     """int32 when every size fits (with margin), else int64; ``index_bits`` forces one."""
-    fits32 = max(n_rows, n_cols, nnz) <= _INT32_LIMIT
+    fits32 = fits_int32(n_rows, n_cols, nnz)
     if index_bits in (None, "auto"):
         return np.dtype(np.int32 if fits32 else np.int64)
     if index_bits == 64:
@@ -27,19 +68,20 @@ def choose_index_dtype(n_rows, n_cols, nnz, index_bits=None):
         if not fits32:
             raise IndexOverflowError(
                 f"32-bit indices cannot address this matrix ({n_rows}x{n_cols}, nnz={nnz}; "
-                f"limit {_INT32_LIMIT}): use index_bits=64 or leave it to the default")
+                f"limit {INT32_LIMIT}): use index_bits=64 or leave it to the default")
         return np.dtype(np.int32)
-    raise ValueError(f"index_bits must be 32, 64 or None, not {index_bits!r}")
+    raise InvalidParameterError(f"index_bits must be 32, 64 or None, not {index_bits!r}")
 
 
-def format_bytes(n):
+def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
+    raise AssertionError("unreachable")
 
 
-def check_allocations(profile, sizes, extra_bytes=0):
+def check_allocations(profile, sizes: dict, extra_bytes: int = 0) -> None:
     """Refuse, naming the array and its size, any buffer over the device's maximum
     allocation, or a total (plus ``extra_bytes`` for vectors) over its global memory."""
     for name, size in sizes.items():
@@ -54,7 +96,7 @@ def check_allocations(profile, sizes, extra_bytes=0):
             f"{format_bytes(profile.global_mem_size)} of {profile.name}")
 
 
-def upload(context, array):
+def upload(context, array: np.ndarray) -> cl.Buffer:
     """A read-only device buffer holding ``array`` (one element of padding when empty:
     OpenCL has no zero-size buffers)."""
     array = np.ascontiguousarray(array)
@@ -64,26 +106,7 @@ def upload(context, array):
                      hostbuf=array)
 
 
-def program_kernels(program, names):
-    """Fresh kernel objects (own argument state) for ``names`` in a built program.
-    ``all_kernels`` avoids pyopencl's attribute lookup, which probes the driver for a
-    kernel named after each attribute it is asked for."""
-    found = {k.function_name: k for k in program.all_kernels()}
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise KeyError(f"kernel(s) {missing} not in the program (has {sorted(found)})")
-    return {n: found[n] for n in names}
-
-
-class Launch(typing.NamedTuple):
-    """One 1-D kernel launch of a product: the kernel, its arguments, and its sizes."""
-    kernel: cl.Kernel
-    args: tuple
-    global_size: int
-    local_size: int
-
-
-def launch_rows(n_rows, rows_per_group, work_group_size):
+def launch_rows(n_rows: int, rows_per_group: int, work_group_size: int) -> tuple[int, int]:
     """(global, local) size of one launch covering ``n_rows`` rows: one work-group per
     block of ``rows_per_group`` consecutive rows, so each group handles a contiguous
     block (streaming on CPUs, coalesced on GPUs)."""
@@ -91,42 +114,68 @@ def launch_rows(n_rows, rows_per_group, work_group_size):
     return groups * work_group_size, work_group_size
 
 
-def row_per_item_work_group_size(profile):
+def round_up(n: int, multiple: int) -> int:
+    return -(-int(n) // multiple) * multiple
+
+
+def row_per_item_work_group_size(profile) -> int:
     """Default group size of the kernels with one work-item per row: a few warps per
     group on GPUs; larger groups on CPUs, where PoCL runs a group as a loop on one
     thread and a bigger one amortises the per-group overhead."""
     return min(128 if profile.is_gpu else 256, profile.max_work_group_size)
 
 
-def pow2_floor(n):
-    return 1 << (int(n).bit_length() - 1) if n >= 1 else 1
+class Step(typing.NamedTuple):
+    """One launch of a product before its arguments are bound: the kernel's name, its
+    sizes, and the values given by argument name (scalars, and any buffer that stands
+    in for the default of its role); ``prefix`` is put before the names of matrix
+    arrays and scratch buffers (a part of a composite format)."""
+    kernel: str
+    global_size: int
+    local_size: int
+    values: dict
+    prefix: str = ""
+
+
+class Launch(typing.NamedTuple):
+    """One bound 1-D launch: the kernel object, its arguments, and its sizes."""
+    kernel: cl.Kernel
+    args: tuple
+    global_size: int
+    local_size: int
 
 
 class SpMVFormat:
-    """Base of the per-format device implementations.
+    """Base of the storage formats (see the module docstring for the contract)."""
 
-    A single-kernel format sets ``name``, ``template``, ``kernel_name`` and
-    ``param_names`` and implements ``default_params``, ``_convert`` (host arrays, which
-    the base checks against the device limits and uploads into ``self.buffers``),
-    ``_kernel_args`` and ``_launch_geometry``.  A format with several kernels or
-    passes overrides ``kernel`` (called once at construction to build eagerly) and
-    ``enqueue``, using ``build_kernels``.  ``alpha`` and ``beta`` are kernel arguments
-    (see ``store_y`` in templates/common.mako), not specialisations.
-    """
-
-    name = None
-    template = None
-    kernel_name = None
-    param_names = ()
+    name: typing.ClassVar[str] = None
+    order: typing.ClassVar[int] = 1000
+    template: typing.ClassVar[str] = None
+    params: typing.ClassVar[tuple] = ()
+    may_refuse: typing.ClassVar[bool] = False
     _plan_key = None   # see enqueue
 
-    # -- parameters -------------------------------------------------------------
+    # -- declared parameters (class level: no matrix conversion needed) -------------
     @classmethod
-    def default_params(cls, features, profile, dtype):
+    def default_params(cls, features: MatrixFeatures, profile, dtype) -> dict:
         raise NotImplementedError
 
     @classmethod
-    def tuning_candidates(cls, features, profile, dtype, csr=None):
+    def resolve_params(cls, features: MatrixFeatures, profile, dtype, given: dict) -> dict:
+        """Defaults for this matrix and device, overridden by the caller's values, each
+        validated by its declaration, then ``check_params``."""
+        params = P.resolve(cls.name, cls.params, cls.default_params(features, profile, dtype),
+                           given)
+        cls.check_params(params, profile)
+        return params
+
+    @classmethod
+    def check_params(cls, params: dict, profile) -> None:
+        """Rules between parameters (each one alone is already valid); may normalise."""
+
+    @classmethod
+    def tuning_candidates(cls, features: MatrixFeatures, profile, dtype,
+                          csr=None) -> list[dict]:
         """Parameter sets worth measuring for this matrix and device (the tuner times
         them; ``{}`` means the defaults).  Formats with a model or pruning rule (ELLR-T,
         CSR5's sigma, BCCOO's block shapes) return a few alternatives here; an empty
@@ -135,112 +184,167 @@ class SpMVFormat:
         return [{}]
 
     @classmethod
-    def resolve_params(cls, features, profile, dtype, user_params):
-        """Defaults for this matrix and device, overridden by the caller's values."""
-        allowed = set(cls.param_names) | {"index_bits"}
-        unknown = set(user_params) - allowed
-        if unknown:
-            raise TypeError(f"format {cls.name!r} takes no parameter(s) "
-                            f"{', '.join(sorted(unknown))}; it accepts: "
-                            f"{', '.join(sorted(allowed))}")
-        params = cls.default_params(features, profile, dtype)
-        params.update({k: v for k, v in user_params.items() if v is not None})
-        return params
+    def estimate_cost(cls, features: MatrixFeatures, profile, dtype):
+        """``(relative predicted time, None)``, or ``(None, why it is not worth timing)``:
+        the tuner ranks candidates by it.  Default: the CSR bytes at 85% efficiency."""
+        return csr_bytes(features, dtype) / 0.85, None
 
-    # -- construction ------------------------------------------------------------
-    def __init__(self, csr, device, dtype, params):
+    # -- construction ----------------------------------------------------------------
+    def __init__(self, csr, device, dtype, params: dict):
         self.device = device
         self.profile = device.profile
         self.dtype = np.dtype(dtype)
-        self.shape = csr.shape
+        self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.params = dict(params)
-        self.index_dtype = choose_index_dtype(csr.shape[0], csr.shape[1], csr.nnz,
+        self.index_dtype = choose_index_dtype(self.shape[0], self.shape[1], csr.nnz,
                                               self.params.pop("index_bits", None))
         self.params["index_bits"] = self.index_dtype.itemsize * 8
-        self._check_work_group_size()
-        self._kernels = {}   # before _convert, which may build (to settle the group size)
-        host_arrays = self._convert(csr)
+        self.analyse(csr)
+        self.kernels = {}
+        self._specs = {}
+        start = time.perf_counter()
+        self._build()
+        built = time.perf_counter()
+        #: Seconds spent getting the compiled kernels (near zero from the kernel cache).
+        self.build_seconds = built - start
+        host_arrays = self.convert(csr)
+        scratch = {k: int(v) for k, v in self.scratch_sizes().items()}
         sizes = {name: arr.nbytes for name, arr in host_arrays.items()}
-        vector_bytes = (csr.shape[0] + csr.shape[1]) * self.dtype.itemsize
+        sizes.update({name: max(1, n) for name, n in scratch.items()})
+        vector_bytes = (self.shape[0] + self.shape[1]) * self.dtype.itemsize
         check_allocations(self.profile, sizes, vector_bytes)
-        self.nbytes = int(sum(sizes.values()))
+        self.nbytes = int(sum(a.nbytes for a in host_arrays.values()) + sum(scratch.values()))
         self.buffers = {name: upload(device.context, arr) for name, arr in host_arrays.items()}
+        self.scratch = {name: cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(1, n))
+                        for name, n in scratch.items()}
+        #: Seconds spent converting, checking, uploading and allocating (the build aside).
+        self.conversion_seconds = time.perf_counter() - built
 
-    def _check_work_group_size(self):
-        wg = self.params.get("work_group_size")
-        limit = self.profile.max_work_group_size
-        if not isinstance(wg, (int, np.integer)) or isinstance(wg, bool) or wg < 1:
-            raise ValueError(f"{self.name}: work_group_size must be a positive integer, "
-                             f"not {wg!r}")
-        if wg > limit:
-            raise ValueError(f"{self.name}: work_group_size={wg} exceeds the device's maximum "
-                             f"of {limit} on {self.profile.name}")
-        local_bytes = self._local_bytes(int(wg))
-        if local_bytes > self.profile.local_mem_size:
-            raise ValueError(f"{self.name}: work_group_size={wg} needs {local_bytes} B of local "
-                             f"memory, more than the device's {self.profile.local_mem_size} B")
-        self.params["work_group_size"] = int(wg)
+    def analyse(self, csr) -> None:
+        """Facts about the matrix that the kernel source or the parameters depend on
+        (resolving data-dependent parameters such as ``"auto"``), before the build."""
 
-    def _local_bytes(self, work_group_size):
+    def programs(self) -> Sequence[ProgramSpec]:
+        """The programs to build: by default the class's ``template`` with
+        ``kernel_specs()`` and ``template_params()``."""
+        return [ProgramSpec(self.template, tuple(self.kernel_specs()), self.template_params(),
+                            min_group=self.min_work_group_size())]
+
+    def kernel_specs(self) -> Sequence[KernelSpec]:
+        raise NotImplementedError
+
+    def template_params(self) -> dict:
+        return {}
+
+    def min_work_group_size(self) -> int:
+        return 1
+
+    def local_bytes(self, work_group_size: int) -> int:
         """Local memory a work-group of this size uses (0 unless a kernel needs some)."""
         return 0
 
-    def _convert(self, csr):
-        """Host arrays of this format, as an ordered dict name -> numpy array."""
-        raise NotImplementedError
-
-    # -- kernels ------------------------------------------------------------------
-    def build_kernels(self, template, kernel_names, work_group_size, *,
-                      min_work_group_size=1, **template_params):
-        """Render ``template`` with this operator's dtype, index type and device plus
-        ``template_params``, build it, and return ``({name: Kernel}, work_group_size)``.
-
-        The work-group size is rendered into the source; if a compiled kernel accepts
-        fewer work-items (CL_KERNEL_WORK_GROUP_SIZE: registers, local memory), it is
-        shrunk to a power of two that fits and the source is rebuilt."""
-        ctx, dev = self.device.context, self.device.cl_device
-        wg = int(work_group_size)
-        while True:
-            source = codegen.render(template, dtype=self.dtype, index_dtype=self.index_dtype,
-                                    profile=self.profile, work_group_size=wg,
-                                    **template_params)
-            program = get_program(ctx, dev, source)
-            kernels = program_kernels(program, kernel_names)
-            limit = min(k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
-                        for k in kernels.values())
-            if wg <= limit:
-                return kernels, wg
-            smaller = pow2_floor(limit)
-            if smaller < min_work_group_size:
-                raise RuntimeError(
-                    f"{self.name}: the compiled kernel allows work-groups of at most {limit} "
-                    f"work-items, fewer than the {min_work_group_size} it needs")
-            wg = smaller
-
-    def _template_params(self):
+    def type_names(self) -> dict:
+        """The format's own scalar type names used in its kernel arguments (e.g.
+        ``{"pos_t": np.int64}``), besides ``real_t`` and ``index_t``."""
         return {}
 
-    def _min_work_group_size(self):
-        return 1
+    def convert(self, csr) -> dict:
+        """Host arrays of this format, name -> numpy array (names as the kernels'
+        matrix arguments).  Host conversion today; a device-side conversion would be a
+        second implementation of this step."""
+        raise NotImplementedError
 
-    def kernel(self):
-        """The kernel of a single-kernel format, built on first use (SpMV calls this
-        at construction so build errors surface there)."""
-        if self.kernel_name not in self._kernels:
-            kernels, wg = self.build_kernels(
-                self.template, [self.kernel_name], self.params["work_group_size"],
-                min_work_group_size=self._min_work_group_size(), **self._template_params())
-            self.params["work_group_size"] = wg
-            self._kernels.update(kernels)
-        return self._kernels[self.kernel_name]
+    def scratch_sizes(self) -> dict:
+        """Device work buffers the kernels read and write, name -> bytes."""
+        return {}
 
-    def launches(self, x_buf, y_buf, alpha, beta):
-        """The kernel launches of one product ``y = alpha*A@x + beta*y``, in order, as
-        ``Launch`` tuples (``alpha`` and ``beta`` come in this operator's real type).  A
-        single-kernel format gets this from ``_kernel_args`` and ``_launch_geometry``;
-        formats with several kernels or passes override it."""
-        return [Launch(self.kernel(), tuple(self._kernel_args(x_buf, y_buf, alpha, beta)),
-                       *self._launch_geometry())]
+    def launches(self, beta) -> list[Step]:
+        """The launches of one product ``y = alpha*A@x + beta*y`` in order (``beta`` is
+        given because some launches are needed only when ``beta != 1``)."""
+        raise NotImplementedError
+
+    # -- shared helpers for formats ----------------------------------------------------
+    def check_group_size(self, param: str = "work_group_size", local_bytes=None) -> int:
+        """Validate ``self.params[param]`` against the device: at most its maximum
+        work-group size, and within its local memory (``local_bytes(size)``)."""
+        wg = P.Param(param, P.positive_int()).validate(self.name, self.params[param])
+        limit = self.profile.max_work_group_size
+        if wg > limit:
+            raise InvalidParameterError(
+                f"{self.name}: {param}={wg} exceeds the device's maximum of {limit} on "
+                f"{self.profile.name}")
+        needed = (local_bytes or self.local_bytes)(wg)
+        if needed > self.profile.local_mem_size:
+            raise InvalidParameterError(
+                f"{self.name}: {param}={wg} needs {needed} B of local memory, more than the "
+                f"device's {self.profile.local_mem_size} B")
+        self.params[param] = wg
+        return wg
+
+    def step(self, kernel: str, global_size: int, local_size: int, *, prefix: str = "",
+             **values) -> Step:
+        return Step(kernel, int(global_size), int(local_size), values, prefix)
+
+    # -- building ------------------------------------------------------------------------
+    def _build(self) -> None:
+        """Build every program; where a compiled kernel accepts fewer work-items than
+        the group size rendered into it (registers, local memory), shrink that size to
+        a power of two that fits and render again (``programs()`` is asked anew, as
+        specialisation values may depend on the size)."""
+        count = len(self.programs())
+        if "work_group_size" in self.params:
+            self.check_group_size()
+        for i in range(count):
+            while True:
+                program = self.programs()[i]
+                wg = self.params[program.group_param]
+                kernels, limit = build_program(self.device, program, dtype=self.dtype,
+                                               index_dtype=self.index_dtype,
+                                               work_group_size=wg)
+                if wg <= limit:
+                    break
+                smaller = pow2_floor(limit)
+                if smaller < program.min_group:
+                    raise DeviceCapabilityError(
+                        f"{self.name}: the compiled kernel allows work-groups of at most "
+                        f"{limit} work-items, fewer than the {program.min_group} it needs")
+                self.params[program.group_param] = smaller
+            self.kernels.update(kernels)
+            self._specs.update({k.name: k for k in program.kernels})
+
+    # -- launching ---------------------------------------------------------------------------
+    def _bind(self, step: Step, x_buf, y_buf, alpha, beta) -> Launch:
+        """The arguments of ``step`` in declaration order: the values given by name, else
+        the default of each role."""
+        spec = self._specs[step.kernel]
+        types = {"real_t": self.dtype, "index_t": self.index_dtype, **self.type_names()}
+        unknown = set(step.values) - {a.name for a in spec.args}
+        if unknown:
+            raise TypeError(f"{self.name}: kernel {spec.name} has no argument(s) "
+                            f"{sorted(unknown)}")
+        args = []
+        for arg in spec.args:
+            if arg.name in step.values:
+                value = step.values[arg.name]
+                if arg.role == SCALAR:
+                    value = codegen.scalar_type(arg.ctype, types)(value)
+            elif arg.role == MATRIX:
+                value = self.buffers[step.prefix + arg.name]
+            elif arg.role == SCRATCH:
+                value = self.scratch[step.prefix + arg.name]
+            elif arg.role in (X, Y, ALPHA, BETA):
+                value = {X: x_buf, Y: y_buf, ALPHA: alpha, BETA: beta}[arg.role]
+            else:
+                raise TypeError(f"{self.name}: kernel {spec.name} needs a value for "
+                                f"{arg.name!r}")
+            args.append(value)
+        return Launch(self.kernels[step.kernel], tuple(args), step.global_size,
+                      step.local_size)
+
+    def bound_launches(self, x_buf, y_buf, alpha, beta) -> list[Launch]:
+        """The launches of one product with every argument bound (``alpha`` and ``beta``
+        in this operator's real type)."""
+        return [self._bind(s, x_buf, y_buf, alpha, beta) for s in self.launches(beta)]
 
     def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
         """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event
@@ -254,7 +358,7 @@ class SpMVFormat:
         if key != self._plan_key:
             self._plan_key = None
             real = self.dtype.type
-            launches = self.launches(x_buf, y_buf, real(alpha), real(beta))
+            launches = self.bound_launches(x_buf, y_buf, real(alpha), real(beta))
             kernels = [launch.kernel for launch in launches]
             # A kernel launched twice in one product needs its arguments set each time.
             reused = {id(k) for k in kernels if kernels.count(k) > 1}
@@ -282,8 +386,13 @@ class SpMVFormat:
             event = enqueue_launch(queue, kernel, global_size, local_size, wait_for=wait_for)
         return event
 
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        raise NotImplementedError
 
-    def _launch_geometry(self):
-        raise NotImplementedError
+def csr_bytes(features: MatrixFeatures, dtype) -> float:
+    """Bytes of the matrix in CSR with 32-bit indices (the cost estimates' unit)."""
+    v, i = np.dtype(dtype).itemsize, 4
+    return max(features.nnz, 1) * (v + i) + (features.n_rows + 1) * i
+
+
+def skewed_rows(features: MatrixFeatures) -> bool:
+    """A few rows far longer than the mean (power-law graphs)."""
+    return features.max_row_length >= max(4096, 16 * features.mean_row_length)

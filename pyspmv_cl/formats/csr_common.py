@@ -1,26 +1,22 @@
-"""The CSR arrays shared by the CSR kernels (row_ptr, col_idx, values)."""
+"""The CSR arrays and kernel arguments shared by the CSR kernels (row_ptr, col_idx,
+values)."""
 
-import numpy as np
-
+from ..codegen import PRODUCT_ARGS, matrix, scalar
 from .base import SpMVFormat
+
+#: row_ptr, col_idx, values as the CSR kernels declare them.
+CSR_ARRAYS = (matrix("row_ptr", "index_t"), matrix("col_idx", "index_t"),
+              matrix("values", "real_t"))
+#: The arguments of a kernel with one row (or group of work-items) per row.
+CSR_ROW_ARGS = (scalar("n_rows", "long"), *CSR_ARRAYS, *PRODUCT_ARGS)
 
 
 class CSRFormatBase(SpMVFormat):
     """Uploads CSR as it is: row_ptr, col_idx, values (indices in the chosen type)."""
 
-    def _convert(self, csr):
+    def convert(self, csr):
         return {
             "row_ptr": csr.indptr.astype(self.index_dtype, copy=False),
             "col_idx": csr.indices.astype(self.index_dtype, copy=False),
             "values": csr.data.astype(self.dtype, copy=False),
         }
-
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        b = self.buffers
-        return (self._n_rows, b["row_ptr"], b["col_idx"], b["values"], x_buf, y_buf, alpha, beta)
-
-    @property
-    def _n_rows(self):
-        return np.int64(self.shape[0])
-
-

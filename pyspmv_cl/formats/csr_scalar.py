@@ -2,20 +2,33 @@
 
 Best for short rows and on CPUs, where one work-item streams a whole row."""
 
-from .base import launch_rows, row_per_item_work_group_size
-from .csr_common import CSRFormatBase
+from ..codegen import KernelSpec
+from . import params as P
+from .base import csr_bytes, launch_rows, row_per_item_work_group_size, skewed_rows
+from .csr_common import CSR_ROW_ARGS, CSRFormatBase
+from .registry import register
 
 
+@register
 class CSRScalar(CSRFormatBase):
     name = "csr-scalar"
+    order = 0
     template = "csr_scalar.mako"
-    kernel_name = "csr_scalar"
-    param_names = ("work_group_size",)
+    params = (P.work_group_size(),)
 
     @classmethod
     def default_params(cls, features, profile, dtype):
         return {"work_group_size": row_per_item_work_group_size(profile)}
 
-    def _launch_geometry(self):
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        efficiency = 0.9 if profile.is_cpu else 0.5 if skewed_rows(features) else 0.8
+        return csr_bytes(features, dtype) / efficiency, None
+
+    def kernel_specs(self):
+        return [KernelSpec("csr_scalar", CSR_ROW_ARGS, fixed_group=True)]
+
+    def launches(self, beta):
         wg = self.params["work_group_size"]
-        return launch_rows(self.shape[0], wg, wg)
+        return [self.step("csr_scalar", *launch_rows(self.shape[0], wg, wg),
+                          n_rows=self.shape[0])]

@@ -21,8 +21,12 @@ work-item per row), and around long rows.  One launch; no scratch.
 
 import numpy as np
 
-from .base import launch_rows, pow2_floor
-from .csr_common import CSRFormatBase
+from ..codegen import PRODUCT_ARGS, KernelSpec, matrix
+from ..errors import InvalidParameterError
+from . import params as P
+from .base import csr_bytes, launch_rows, pow2_floor
+from .csr_common import CSR_ARRAYS, CSR_ROW_ARGS, CSRFormatBase
+from .registry import register
 
 VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
 MAPPINGS = ("rows", "adaptive")
@@ -65,12 +69,20 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
     return np.append(np.flatnonzero(cut), m)
 
 
+@register
 class CSRVector(CSRFormatBase):
     name = "csr-vector"
+    order = 1
     template = "csr_vector.mako"
-    kernel_name = "csr_vector"
-    param_names = ("vector_size", "work_group_size", "reduction", "mapping",
-                   "items_per_thread")
+    params = (
+        P.Param("vector_size", P.optional(P.one_of(*VECTOR_SIZES)),
+                "work-items per row (mapping='rows')"),
+        P.work_group_size(),
+        P.Param("reduction", P.one_of("tree", "serial"), "how a row's partial sums combine"),
+        P.Param("mapping", P.one_of(*MAPPINGS), "'rows' or CSR-Adaptive's row blocks"),
+        P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
+                "entries each work-item reads per window (mapping='adaptive')"),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -83,21 +95,53 @@ class CSRVector(CSRFormatBase):
                 "mapping": "rows", "items_per_thread": None}
 
     @classmethod
-    def resolve_params(cls, features, profile, dtype, user_params):
+    def resolve_params(cls, features, profile, dtype, given):
         """With ``mapping="adaptive"`` the defaults become a group of 128 (at most the
         device's), 8 entries per work-item, and no vector size: the best of four
         shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32)."""
-        params = super().resolve_params(features, profile, dtype, user_params)
-        if params["mapping"] == "adaptive":
-            given = {k for k, v in user_params.items() if v is not None}
-            if "vector_size" not in given:
-                params["vector_size"] = None
-            if "work_group_size" not in given:
-                params["work_group_size"] = pow2_floor(
-                    min(ADAPTIVE_DEFAULT["work_group_size"], profile.max_work_group_size))
-            if "items_per_thread" not in given:
-                params["items_per_thread"] = ADAPTIVE_DEFAULT["items_per_thread"]
+        defaults = cls.default_params(features, profile, dtype)
+        if given.get("mapping") == "adaptive":
+            defaults.update(vector_size=None, items_per_thread=ADAPTIVE_DEFAULT[
+                "items_per_thread"], work_group_size=pow2_floor(
+                    min(ADAPTIVE_DEFAULT["work_group_size"], profile.max_work_group_size)))
+        params = P.resolve(cls.name, cls.params, defaults, given)
+        cls.check_params(params, profile)
         return params
+
+    @classmethod
+    def check_params(cls, params, profile):
+        wg = params["work_group_size"]
+        if params["mapping"] == "rows":
+            vs = params["vector_size"]
+            if vs is None:
+                raise InvalidParameterError(
+                    f"csr-vector: vector_size must be one of {VECTOR_SIZES}, not None")
+            if wg < vs or wg % vs:
+                raise InvalidParameterError(
+                    f"csr-vector: work_group_size must be a multiple of vector_size ({vs}), "
+                    f"not {wg!r}")
+            if params["items_per_thread"] is not None:
+                raise InvalidParameterError(
+                    "csr-vector: items_per_thread belongs to mapping='adaptive'")
+        else:
+            if params["vector_size"] is not None:
+                raise InvalidParameterError(
+                    "csr-vector: mapping='adaptive' takes no vector_size (the whole "
+                    "work-group reads each block)")
+            if params["items_per_thread"] is None:
+                raise InvalidParameterError(
+                    f"csr-vector: items_per_thread must be an integer in 1.."
+                    f"{MAX_ITEMS_PER_THREAD}, not None")
+            if wg & (wg - 1):
+                raise InvalidParameterError(
+                    f"csr-vector: mapping='adaptive' needs a power-of-two work_group_size, "
+                    f"not {wg}")
+
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        efficiency = (0.6 if features.mean_row_length >= 32 else
+                      0.25 if profile.is_cpu else 0.45)
+        return csr_bytes(features, dtype) / efficiency, None
 
     @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):
@@ -127,89 +171,44 @@ class CSRVector(CSRFormatBase):
         # Adaptive default, the row default, the other adaptive shape, narrower vectors.
         return adaptive[:1] + rows[:1] + adaptive[1:] + rows[1:]
 
-    def __init__(self, csr, device, dtype, params):
-        mapping = params.get("mapping")
-        if mapping not in MAPPINGS:
-            raise ValueError(f"csr-vector: mapping must be one of {MAPPINGS}, not {mapping!r}")
-        if params.get("reduction") not in ("tree", "serial"):
-            raise ValueError(f"csr-vector: reduction must be 'tree' or 'serial', not "
-                             f"{params.get('reduction')!r}")
-        if mapping == "rows":
-            self._check_rows_params(params)
-        else:
-            self._check_adaptive_params(params)
-        super().__init__(csr, device, dtype, params)
-
-    @staticmethod
-    def _check_rows_params(params):
-        vs = params.get("vector_size")
-        if vs not in VECTOR_SIZES:
-            raise ValueError(f"csr-vector: vector_size must be one of {VECTOR_SIZES}, not {vs!r}")
-        wg = params.get("work_group_size")
-        if isinstance(wg, int) and (wg < vs or wg % vs):
-            raise ValueError(f"csr-vector: work_group_size must be a multiple of vector_size "
-                             f"({vs}), not {wg!r}")
-        if params.get("items_per_thread") is not None:
-            raise ValueError("csr-vector: items_per_thread belongs to mapping='adaptive'")
-
-    @staticmethod
-    def _check_adaptive_params(params):
-        if params.get("vector_size") is not None:
-            raise ValueError("csr-vector: mapping='adaptive' takes no vector_size (the whole "
-                             "work-group reads each block)")
-        items = params.get("items_per_thread")
-        if (isinstance(items, bool) or not isinstance(items, (int, np.integer))
-                or not 1 <= items <= MAX_ITEMS_PER_THREAD):
-            raise ValueError(f"csr-vector: items_per_thread must be an integer in 1.."
-                             f"{MAX_ITEMS_PER_THREAD}, not {items!r}")
-        params["items_per_thread"] = int(items)
-        wg = params.get("work_group_size")
-        if isinstance(wg, (int, np.integer)) and not isinstance(wg, bool) and wg & (wg - 1):
-            raise ValueError(f"csr-vector: mapping='adaptive' needs a power-of-two "
-                             f"work_group_size, not {wg}")
-
     @property
     def _adaptive(self):
         return self.params["mapping"] == "adaptive"
 
-    def _template_params(self):
+    def template_params(self):
         return {"vector_size": self.params["vector_size"], "reduction": self.params["reduction"],
                 "mapping": self.params["mapping"],
                 "items_per_thread": self.params["items_per_thread"]}
 
-    def _local_bytes(self, work_group_size):
+    def kernel_specs(self):
+        if self._adaptive:
+            args = (matrix("row_blocks", "index_t"), *CSR_ARRAYS, *PRODUCT_ARGS)
+        else:
+            args = CSR_ROW_ARGS
+        return [KernelSpec("csr_vector", args, fixed_group=True)]
+
+    def local_bytes(self, work_group_size):
         items = self.params["items_per_thread"] if self._adaptive else 1
         return work_group_size * items * self.dtype.itemsize
 
-    def _min_work_group_size(self):
+    def min_work_group_size(self):
         return 1 if self._adaptive else self.params["vector_size"]
 
-    def _convert(self, csr):
-        arrays = super()._convert(csr)
+    def convert(self, csr):
+        arrays = super().convert(csr)
         if self._adaptive:
-            # Kernels first: the blocks hold at most one row per work-item of the group
-            # the device accepts.
-            self.kernel()
+            # The blocks hold at most one row per work-item of the group as built.
             wg = self.params["work_group_size"]
             blocks = adaptive_row_blocks(csr.indptr, wg, wg * self.params["items_per_thread"])
             self.n_blocks = blocks.size - 1
             arrays["row_blocks"] = blocks.astype(self.index_dtype)
         return arrays
 
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        if not self._adaptive:
-            return super()._kernel_args(x_buf, y_buf, alpha, beta)
-        b = self.buffers
-        return (b["row_blocks"], b["row_ptr"], b["col_idx"], b["values"], x_buf, y_buf,
-                alpha, beta)
-
-    def launches(self, x_buf, y_buf, alpha, beta):
-        if self._adaptive and self.n_blocks == 0:   # no rows: nothing to launch
-            return []
-        return super().launches(x_buf, y_buf, alpha, beta)
-
-    def _launch_geometry(self):
+    def launches(self, beta):
         wg = self.params["work_group_size"]
-        if self._adaptive:
-            return self.n_blocks * wg, wg
-        return launch_rows(self.shape[0], wg // self.params["vector_size"], wg)
+        if not self._adaptive:
+            return [self.step("csr_vector", *launch_rows(
+                self.shape[0], wg // self.params["vector_size"], wg), n_rows=self.shape[0])]
+        if self.n_blocks == 0:   # no rows: nothing to launch
+            return []
+        return [self.step("csr_vector", self.n_blocks * wg, wg)]

@@ -23,7 +23,8 @@ Two work mappings, both rendered into the kernel:
 import numpy as np
 
 from ..errors import IndexOverflowError
-from .base import _INT32_LIMIT, SpMVFormat, pow2_floor
+from .base import INT32_LIMIT as _INT32_LIMIT
+from .base import SpMVFormat, pow2_floor
 
 SLICE_HEIGHTS = (1, 2, 4, 8, 16, 32, 64)
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64)

@@ -98,40 +98,6 @@ def _us(seconds):
 
 # -- cheap models -----------------------------------------------------------------------
 
-def _estimate(name, f, profile, dtype):
-    """(relative predicted time, None) or (None, why not worth timing), from the
-    footprint of each format and its efficiency seen in BENCHMARKS.md."""
-    v, i = np.dtype(dtype).itemsize, 4
-    m, nnz = f.n_rows, max(f.nnz, 1)
-    csr = nnz * (v + i) + (m + 1) * i
-    cpu = profile.is_cpu
-    skewed = f.max_row_length >= max(4096, 16 * f.mean_row_length)
-    padding = f.max_row_length * m / nnz
-    if name in ("ell", "ellr-t"):
-        if padding > MAX_PADDING:
-            return None, f"padding {padding:.1f}x > {MAX_PADDING:g}"
-        return m * f.max_row_length * (v + i) / (0.9 if name == "ell" else 0.85), None
-    if name == "dia":
-        if f.diagonals < 0:
-            return None, "rows too uneven for diagonals"
-        if f.diagonal_fill > DIA_MAX_FILL:
-            return None, f"{f.diagonals} diagonals, fill {f.diagonal_fill:.1f}x"
-        return f.diagonals * m * v, None
-    if name == "csr-vector":
-        return csr / (0.6 if f.mean_row_length >= 32 else 0.25 if cpu else 0.45), None
-    if name == "csr-scalar":
-        return csr / (0.9 if cpu else 0.5 if skewed else 0.8), None
-    if name == "sell":
-        if not cpu and skewed:
-            return None, "skewed rows serialise a slice on a GPU"
-        return csr * 1.1, None
-    if name == "coo":
-        return nnz * (v + 2 * i) / 0.7, None
-    if name == "hyb":
-        return csr * 1.2 / 0.7, None
-    return csr / 0.85, None   # formats without a model here: worth timing
-
-
 def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
     """([(format, params)] in the order to time them, [(format, why skipped)])."""
     ranked, skipped = [], []
@@ -144,7 +110,7 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
         if not params_list:
             skipped.append((name, "not worth trying"))
             continue
-        cost, why = _estimate(name, f, profile, dtype)
+        cost, why = cls.estimate_cost(f, profile, dtype)
         if cost is None:
             skipped.append((name, why))
             continue
@@ -250,10 +216,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         t0 = time.perf_counter()
         try:
             resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
-            t_conv = time.perf_counter()
             impl = cls(csr, device, dtype, resolved)
-            conversion = time.perf_counter() - t_conv
-            impl.kernel()
+            conversion = impl.conversion_seconds
             err = bench.error(impl)
             if not err <= _tolerance(dtype):
                 raise ArithmeticError(f"wrong result (relative error {err:.1e})")
