@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import pyopencl as cl
 
-from .errors import DeviceNotFoundError
+from .errors import DeviceNotFoundError, InvalidInputError
 
 DEVICE_ENV = "PYSPMV_CL_DEVICE"
 
@@ -355,7 +355,7 @@ def get_device(device=None):
     if isinstance(device, cl.Context):
         ctx_devices = device.devices
         if len(ctx_devices) != 1:
-            raise ValueError("pass a CommandQueue (or a single-device Context): this "
+            raise InvalidInputError("pass a CommandQueue (or a single-device Context): this "
                              f"context holds {len(ctx_devices)} devices")
         return _wrap_external(ctx_devices[0], device)
     if isinstance(device, cl.Device):

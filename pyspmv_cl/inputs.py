@@ -5,7 +5,7 @@ anything reaches a device where a bad index would read out of bounds."""
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import DeviceCapabilityError, UnsupportedDtypeError
+from .errors import DeviceCapabilityError, InvalidInputError, UnsupportedDtypeError
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _SUPPORTED_TEXT = "float32 and float64"
@@ -20,14 +20,15 @@ def _csr_from_triple(A, shape):
     rows, cols = _check_shape(shape)
     for name, arr in (("data", data), ("indices", indices), ("indptr", indptr)):
         if arr.ndim != 1:
-            raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+            raise InvalidInputError(f"{name} must be one-dimensional, got shape {arr.shape}")
     for name, arr in (("indices", indices), ("indptr", indptr)):
         if arr.size and arr.dtype.kind not in "iu":
             raise TypeError(f"{name} must hold integers, not {arr.dtype}")
     if indptr.size != rows + 1:
-        raise ValueError(f"indptr has {indptr.size} entries; a {rows}-row matrix needs {rows + 1}")
+        raise InvalidInputError(
+            f"indptr has {indptr.size} entries; a {rows}-row matrix needs {rows + 1}")
     if data.size != indices.size:
-        raise ValueError(f"data ({data.size}) and indices ({indices.size}) differ in length")
+        raise InvalidInputError(f"data ({data.size}) and indices ({indices.size}) differ in length")
     # Build without scipy's own checks; validate_csr below checks everything vectorised.
     csr = sp.csr_matrix((rows, cols), dtype=data.dtype if data.size else np.float64)
     csr.data, csr.indices, csr.indptr = data, indices, indptr
@@ -38,9 +39,9 @@ def _check_shape(shape):
     try:
         rows, cols = (int(s) for s in shape)
     except (TypeError, ValueError):
-        raise ValueError(f"shape must be a pair of integers, not {shape!r}") from None
+        raise InvalidInputError(f"shape must be a pair of integers, not {shape!r}") from None
     if rows < 0 or cols < 0:
-        raise ValueError(f"shape must not be negative: {shape!r}")
+        raise InvalidInputError(f"shape must not be negative: {shape!r}")
     return rows, cols
 
 
@@ -50,14 +51,14 @@ def validate_csr(csr):
     indptr, indices = csr.indptr, csr.indices
     nnz = indices.size
     if indptr.size != rows + 1:
-        raise ValueError(f"indptr has {indptr.size} entries; expected {rows + 1}")
+        raise InvalidInputError(f"indptr has {indptr.size} entries; expected {rows + 1}")
     if indptr[0] != 0 or indptr[-1] != nnz or csr.data.size != nnz:
-        raise ValueError(f"indptr must start at 0 and end at nnz={nnz} "
+        raise InvalidInputError(f"indptr must start at 0 and end at nnz={nnz} "
                          f"(got {indptr[0]}..{indptr[-1]}, {csr.data.size} values)")
     if rows and np.any(np.diff(indptr) < 0):
-        raise ValueError("indptr must be non-decreasing")
+        raise InvalidInputError("indptr must be non-decreasing")
     if nnz and (indices.min() < 0 or indices.max() >= cols):
-        raise ValueError(f"column indices must lie in [0, {cols}); found "
+        raise InvalidInputError(f"column indices must lie in [0, {cols}); found "
                          f"[{indices.min()}, {indices.max()}]")
 
 
@@ -66,7 +67,7 @@ def as_host_csr(A, shape=None):
     validated ``scipy.sparse.csr_matrix`` (converted once; no copy when already CSR)."""
     if sp.issparse(A):
         if shape is not None and tuple(shape) != tuple(A.shape):
-            raise ValueError(f"shape={tuple(shape)} contradicts the matrix shape {A.shape}")
+            raise InvalidInputError(f"shape={tuple(shape)} contradicts the matrix shape {A.shape}")
         csr = A.tocsr()
         if not isinstance(csr, sp.csr_matrix):  # sparse arrays -> the matrix class
             csr = sp.csr_matrix(csr)

@@ -5,7 +5,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from .device import get_device
-from .errors import UnsupportedDtypeError
+from .errors import InvalidInputError, UnsupportedDtypeError
 from .formats import get_format
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
 from .tuning import MatrixFeatures
@@ -79,7 +79,7 @@ class SpMV:
             self.tuning.impl = None  # the operator owns it now
         else:
             if tune is not None or expected_calls is not None or tune_budget is not None:
-                raise ValueError("tune, expected_calls and tune_budget apply to "
+                raise InvalidInputError("tune, expected_calls and tune_budget apply to "
                                  "format='auto' only")
             self.explanation = "format chosen by the caller"
         fmt_cls = get_format(format)
@@ -131,7 +131,7 @@ class SpMV:
         alpha = check_real_scalar("alpha", alpha)
         beta = check_real_scalar("beta", beta)
         if beta != 0 and out is None:
-            raise ValueError("beta != 0 needs out= holding the y to accumulate into")
+            raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
         if _is_device_array(x):
             return self._matvec_device(x, out, alpha, beta)
         return self._matvec_host(x, out, alpha, beta)
@@ -147,7 +147,7 @@ class SpMV:
     def _check_x_shape(self, shape):
         n = self.shape[1]
         if len(shape) not in (1, 2) or shape[0] != n:
-            raise ValueError(f"x has shape {shape}; this {self.shape[0]}x{n} matrix needs "
+            raise InvalidInputError(f"x has shape {shape}; this {self.shape[0]}x{n} matrix needs "
                              f"({n},) or ({n}, k)")
 
     def _out_shape(self, x_shape):
@@ -155,7 +155,7 @@ class SpMV:
 
     def _check_out(self, out, expected_shape):
         if tuple(out.shape) != expected_shape:
-            raise ValueError(f"out has shape {tuple(out.shape)}, expected {expected_shape}")
+            raise InvalidInputError(f"out has shape {tuple(out.shape)}, expected {expected_shape}")
 
     def _staging_buffer(self, role, n):
         buf = self._staging.get(role)
@@ -179,7 +179,7 @@ class SpMV:
                     x, dtype=self.dtype)), out, alpha, beta)
             out_arr = np.asarray(out)
             if out_arr is not out or not out.flags.writeable:
-                raise ValueError("out must be a writeable numpy array")
+                raise InvalidInputError("out must be a writeable numpy array")
             if out.dtype.kind != "f":
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
             self._check_out(out, expected)
@@ -215,24 +215,24 @@ class SpMV:
 
     def _device_buffer(self, arr, name):
         if arr.context != self.device.context:
-            raise ValueError(f"{name} lives on another OpenCL context than this operator "
+            raise InvalidInputError(f"{name} lives on another OpenCL context than this operator "
                              f"({self.device!r}); create it with op.queue or op.device.context")
         if arr.dtype != self.dtype:
             raise UnsupportedDtypeError(
                 f"{name} has dtype {arr.dtype} but the operator computes in {self.dtype}; "
                 f"convert it on the device with {name}.astype(numpy.{self.dtype})")
         if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-            raise ValueError(f"{name} must be contiguous on the device")
+            raise InvalidInputError(f"{name} must be contiguous on the device")
         if arr.size == 0 or arr.base_data is None:
             return self._staging_buffer("dummy", 1)
         if arr.offset:
-            raise ValueError(f"{name} must start at the beginning of its buffer (offset 0)")
+            raise InvalidInputError(f"{name} must start at the beginning of its buffer (offset 0)")
         return arr.base_data
 
     def _matvec_device(self, x, out, alpha, beta):
         self._check_x_shape(x.shape)
         if x.ndim == 2 and x.shape[1] != 1:
-            raise ValueError("device-resident x must be 1-D or (n, 1)")
+            raise InvalidInputError("device-resident x must be 1-D or (n, 1)")
         expected = self._out_shape(x.shape)
         x_buf = self._device_buffer(x, "x")
         if out is None:

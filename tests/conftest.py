@@ -113,7 +113,7 @@ def make_operator(A, fmt, **kwargs):
     try:
         return psc.SpMV(A, format=fmt, **kwargs)
     except psc.FormatNotSuitableError as exc:
-        if not getattr(get_format(fmt), "may_refuse", False):
+        if not get_format(fmt).may_refuse:
             raise
         assert fmt in str(exc) and len(str(exc)) > 30, f"unhelpful refusal: {exc}"
         return None

@@ -137,7 +137,7 @@ def main(argv=None):
                "products": 0, "refused": [], "failures": [], "per_format_s": {}}
     for name in names:
         t0 = time.perf_counter()
-        may_refuse = getattr(get_format(name), "may_refuse", False)
+        may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes in variants(name):
             dev = device.override(**override) if override else device
             for dtype in dtypes if all_dtypes else dtypes[:1]:

@@ -14,7 +14,6 @@ from conftest import DEVICES, make_operator, poisoned
 from matrix_cases import CASES, check_against_scipy
 
 import pyspmv_cl as psc
-from pyspmv_cl.formats.base import Launch
 from pyspmv_cl.tuning import database
 
 FORMATS = psc.formats()
@@ -62,30 +61,36 @@ def test_vectors_freed_and_reallocated(fmt, device, rng):
 
 
 def test_kernel_launched_twice_in_one_product(device, rng):
-    """Two launches of one kernel object with different arguments: coo's empty-row
-    kernel (y = beta * y on the rows without entries) with beta 2, then 3."""
+    """Two launches of one kernel object with different arguments: csr-scalar's kernel
+    with alpha 0 (x is zero anyway) and beta 2, then beta 3, scales y by 6."""
     A = CASES["empty_rows"](rng)
-    op = psc.SpMV(A, format="coo", dtype=DTYPE, device=device)
+    op = psc.SpMV(A, format="csr-scalar", dtype=DTYPE, device=device)
     impl = op._impl
-    part = impl.part
-    kernel = part.kernels["coo_empty_rows"]
-    empty = np.flatnonzero(np.diff(A.tocsr().indptr) == 0)
-    assert part.n_empty == empty.size > 0
+    m = A.shape[0]
+    wg = impl.params["work_group_size"]
+    geometry = (-(-m // wg) * wg, wg)
 
-    def launches(x_buf, y_buf, alpha, beta):
-        geometry = (-(-part.n_empty // 64) * 64, 64)
-        return [Launch(kernel, (np.uint64(part.n_empty), impl.buffers["empty_rows"], y_buf,
-                                DTYPE(factor)), *geometry) for factor in (2, 3)]
+    def launches(beta):
+        return [impl.step("csr_scalar", *geometry, n_rows=m, alpha=0.0, beta=factor)
+                for factor in (2, 3)]
 
     impl.launches = launches
-    y0 = rng.standard_normal(A.shape[0]).astype(DTYPE)
+    y0 = rng.standard_normal(m).astype(DTYPE)
     for _ in range(2):  # the second product reuses the plan
         y_dev = cla.to_device(op.queue, y0)
         op.matvec(cla.zeros(op.queue, A.shape[1], DTYPE), out=y_dev, beta=1.0)
-        y = y_dev.get()
-        expected = y0.copy()
-        expected[empty] *= 6
-        np.testing.assert_array_equal(y, expected)
+        np.testing.assert_array_equal(y_dev.get(), y0 * DTYPE(6))
+
+
+def test_steps_bind_arguments_by_name(device, rng):
+    """A step naming an argument its kernel lacks is refused, not silently ignored."""
+    A = CASES["empty_rows"](rng)
+    op = psc.SpMV(A, format="csr-scalar", dtype=DTYPE, device=device)
+    impl = op._impl
+    impl.launches = lambda beta: [impl.step("csr_scalar", 64, 64, n_rows=A.shape[0],
+                                            no_such_argument=1)]
+    with pytest.raises(TypeError, match="no_such_argument"):
+        op @ np.ones(A.shape[1])
 
 
 def _out_of_order_queue(device):

@@ -84,7 +84,7 @@ def make(A, fmt, dtype, device, **params):
     try:
         return psc.SpMV(A, format=fmt, dtype=dtype, device=device, **params)
     except psc.FormatNotSuitableError:
-        if not getattr(get_format(fmt), "may_refuse", False):
+        if not get_format(fmt).may_refuse:
             raise
         return None
 

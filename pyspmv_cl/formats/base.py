@@ -34,7 +34,7 @@ import numpy as np
 import pyopencl as cl
 
 from .. import codegen
-from ..codegen import ALPHA, BETA, MATRIX, SCALAR, SCRATCH, KernelSpec, X, Y
+from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
 from ..errors import (
     DeviceCapabilityError,
     DeviceMemoryError,
@@ -156,6 +156,11 @@ class SpMVFormat:
     _plan_key = None   # see enqueue
 
     # -- declared parameters (class level: no matrix conversion needed) -------------
+    @classmethod
+    def parameter_names(cls) -> tuple:
+        """Every parameter the format takes, ``index_bits`` included."""
+        return tuple(p.name for p in cls.params) + (P.INDEX_BITS.name,)
+
     @classmethod
     def default_params(cls, features: MatrixFeatures, profile, dtype) -> dict:
         raise NotImplementedError
@@ -326,7 +331,7 @@ class SpMVFormat:
         for arg in spec.args:
             if arg.name in step.values:
                 value = step.values[arg.name]
-                if arg.role == SCALAR:
+                if not arg.is_pointer:
                     value = codegen.scalar_type(arg.ctype, types)(value)
             elif arg.role == MATRIX:
                 value = self.buffers[step.prefix + arg.name]

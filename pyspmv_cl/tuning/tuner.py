@@ -32,7 +32,7 @@ import time
 import numpy as np
 import pyopencl as cl
 
-from ..errors import FormatNotSuitableError
+from ..errors import FormatNotSuitableError, InvalidParameterError
 from . import database
 from .features import bandwidth, fingerprint, row_length_histogram
 from .heuristics import choose_format
@@ -75,7 +75,7 @@ def policy(tune):
     try:
         return _POLICIES[tune]
     except (KeyError, TypeError):
-        raise ValueError(f"tune must be None/'auto', True/'measure', False/'model' or "
+        raise InvalidParameterError(f"tune must be None/'auto', True/'measure', False/'model' or "
                          f"'force', not {tune!r}") from None
 
 
@@ -85,7 +85,7 @@ def default_budget(nnz):
         try:
             per_m = float(os.environ[BUDGET_ENV])
         except ValueError:
-            raise ValueError(f"{BUDGET_ENV} must be seconds per million non-zeros, "
+            raise InvalidParameterError(f"{BUDGET_ENV} must be seconds per million non-zeros, "
                              f"not {os.environ[BUDGET_ENV]!r}") from None
     return max(MIN_BUDGET, per_m * nnz / 1e6)
 
@@ -361,10 +361,11 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
     if expected_calls is not None:
         if isinstance(expected_calls, bool) or not isinstance(expected_calls, (int, np.integer)) \
                 or expected_calls < 1:
-            raise ValueError(f"expected_calls must be a positive integer, not {expected_calls!r}")
+            raise InvalidParameterError(
+                f"expected_calls must be a positive integer, not {expected_calls!r}")
         expected_calls = int(expected_calls)
     if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
-        raise ValueError(f"tune_budget must be positive seconds, not {budget!r}")
+        raise InvalidParameterError(f"tune_budget must be positive seconds, not {budget!r}")
     profile = device.profile
     rule_format, rule_why = choose_format(features, profile, dtype)
     if mode == "model" or features.nnz == 0 or features.n_rows == 0:
