@@ -7,6 +7,7 @@ import pyopencl.array as cla
 from .device import get_device
 from .errors import InvalidInputError, UnsupportedDtypeError
 from .formats import get_format
+from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
 from .tuning import MatrixFeatures
 from .tuning.tuner import select
@@ -97,6 +98,9 @@ class SpMV:
         self.format = format
         self.nbytes = self._impl.nbytes
         self._staging = {}
+        # The pattern, for update_values (references: no copy of the caller's arrays).
+        self._structure = (csr.indices, csr.indptr)
+        self._updater = None
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -247,6 +251,22 @@ class SpMV:
         out.add_event(event)
         x.add_event(event)
         return out
+
+    # -- new values, same pattern ---------------------------------------------------------
+    def update_values(self, data) -> None:
+        """Replace the matrix's values, keeping its sparsity pattern (Newton steps, time
+        stepping): ``data`` holds one value per stored entry, in the CSR order of the
+        matrix given at construction (``A.data`` for a CSR matrix; for other scipy types,
+        ``A.tocsr().data``).  No re-conversion and no re-tuning: the first call finds
+        where the format stores each entry (one host conversion of the pattern) and
+        keeps that map on the device (``nbytes`` grows by two indices per entry); every
+        call then costs the upload of the values and one scatter kernel.  Returns when
+        the device holds the new values (products enqueued afterwards use them)."""
+        data = check_values(data, self._structure[0].size)
+        if self._updater is None or self._updater.fmt is not self._impl:
+            self._updater = ValueUpdater(self._impl, self._structure)
+            self.nbytes = self._impl.nbytes + self._updater.nbytes
+        self._updater.update(self.queue, data)
 
     # -- interoperability -----------------------------------------------------------------
     def aslinearoperator(self):

@@ -219,6 +219,9 @@ class SpMVFormat:
         vector_bytes = (self.shape[0] + self.shape[1]) * self.dtype.itemsize
         check_allocations(self.profile, sizes, vector_bytes)
         self.nbytes = int(sum(a.nbytes for a in host_arrays.values()) + sum(scratch.values()))
+        #: The arrays holding values (what update_values rewrites): name -> element count.
+        self.value_array_sizes = {name: arr.size for name, arr in host_arrays.items()
+                                  if arr.dtype == self.dtype}
         self.buffers = {name: upload(device.context, arr) for name, arr in host_arrays.items()}
         self.scratch = {name: cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(1, n))
                         for name, n in scratch.items()}
@@ -255,8 +258,10 @@ class SpMVFormat:
 
     def convert(self, csr) -> dict:
         """Host arrays of this format, name -> numpy array (names as the kernels'
-        matrix arguments).  Host conversion today; a device-side conversion would be a
-        second implementation of this step."""
+        matrix arguments; value arrays in ``self.dtype``, no other array in it).  It may
+        be called again later with the same structure and other values (update_values),
+        so it must not consume what ``analyse`` left.  Host conversion today; a
+        device-side conversion would be a second implementation of this step."""
         raise NotImplementedError
 
     def scratch_sizes(self) -> dict:

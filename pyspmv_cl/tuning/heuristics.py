@@ -1,6 +1,8 @@
-"""The format choice for ``format="auto"`` until the measuring tuner lands: rules over
-row-length statistics and the device type, read off the benchmark runs recorded in
-BENCHMARKS.md (an H100 through NVIDIA's OpenCL; PoCL on a 2-core CPU).
+"""The rule-based format choice: rules over row-length statistics and the device type,
+read off the benchmark runs recorded in BENCHMARKS.md (an H100 through NVIDIA's
+OpenCL; PoCL on a 2-core CPU).  The tuner uses it when measuring would not pay
+(``tune=False``, small matrices), as its first candidate when it measures, and when no
+candidate could be measured.
 
 GPUs:
 - few diagonals with little padding (stencils): ``dia`` reads no column indices;

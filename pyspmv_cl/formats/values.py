@@ -1,0 +1,128 @@
+"""New values for the same sparsity pattern (``SpMV.update_values``), written once for
+every format.
+
+The first update finds where each CSR entry lands in the format's value arrays: the
+format's own ``convert`` runs once on the matrix with the values ``1, 2, ..., nnz`` in
+float64 (exact), so every value array then holds, in each slot, the CSR position it
+came from (0 for padding).  From then on an update is the upload of the values in CSR
+order and one scatter kernel per value array on the device.  A format whose
+conversion does not place each value in exactly one slot (it would merge or drop
+entries) is detected, and its updates re-run the host conversion of the values instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import scipy.sparse as sp
+
+from ..codegen import KernelSpec, matrix, scalar, scratch
+from ..errors import InvalidInputError, UnsupportedDtypeError
+from .base import upload
+from .builder import ProgramSpec, build_program
+
+WORK_GROUP_SIZE = 64
+SCATTER = ProgramSpec("scatter_values.mako", (KernelSpec("scatter_values", (
+    scalar("count", "ulong"), matrix("slots", "index_t"), matrix("sources", "index_t"),
+    matrix("src", "real_t"), scratch("dst", "real_t"))),))
+
+
+def value_arrays(fmt) -> dict:
+    """The format's value arrays: name -> element count (their dtype is the operator's
+    value type; index arrays never are)."""
+    return dict(fmt.value_array_sizes)
+
+
+def _layout(fmt, structure):
+    """{array name: (slots, sources)} or None when the format's conversion does not
+    put each CSR value in exactly one slot."""
+    indices, indptr = structure
+    nnz = indices.size
+    probe = sp.csr_matrix(fmt.shape, dtype=np.float64)
+    probe.data = np.arange(1, nnz + 1, dtype=np.float64)
+    probe.indices, probe.indptr = indices, indptr
+    saved = fmt.dtype
+    fmt.dtype = np.dtype(np.float64)   # positions up to 2**53 stay exact
+    try:
+        arrays = fmt.convert(probe)
+    finally:
+        fmt.dtype = saved
+    expected = value_arrays(fmt)
+    layout, seen = {}, 0
+    for name, size in expected.items():
+        arr = arrays.get(name)
+        if arr is None or arr.size != size or arr.dtype != np.float64:
+            return None
+        slots = np.flatnonzero(arr)
+        layout[name] = (slots, arr[slots].astype(np.int64) - 1)
+        seen += slots.size
+    if seen != nnz:
+        return None
+    every = np.concatenate([src for _, src in layout.values()]) if layout else np.empty(0)
+    if every.size and np.any(np.bincount(every, minlength=nnz) != 1):
+        return None
+    return layout
+
+
+class ValueUpdater:
+    """Applies new values to one format instance (see the module docstring)."""
+
+    def __init__(self, fmt, structure):
+        self.fmt = fmt
+        self.structure = structure
+        self.layout = _layout(fmt, structure)
+        self.nbytes = 0
+        if self.layout is None:
+            return
+        ctx, idx = fmt.device.context, fmt.index_dtype
+        self.device_layout = {}
+        for name, (slots, sources) in self.layout.items():
+            slots_buf = upload(ctx, slots.astype(idx))
+            sources_buf = upload(ctx, sources.astype(idx))
+            self.device_layout[name] = (slots.size, slots_buf, sources_buf)
+            self.nbytes += 2 * slots.size * idx.itemsize
+        kernels, _ = build_program(fmt.device, SCATTER, dtype=fmt.dtype, index_dtype=idx,
+                                   work_group_size=WORK_GROUP_SIZE)
+        self.kernel = kernels["scatter_values"]
+
+    def update(self, queue, data) -> None:
+        """Write ``data`` (CSR order, already checked) into the format's value arrays;
+        returns when the device holds them."""
+        fmt = self.fmt
+        data = np.ascontiguousarray(data, dtype=fmt.dtype)
+        if self.layout is None:   # the format's host conversion, values only
+            indices, indptr = self.structure
+            csr = sp.csr_matrix(fmt.shape, dtype=fmt.dtype)
+            csr.data, csr.indices, csr.indptr = data, indices, indptr
+            arrays = fmt.convert(csr)
+            events = [cl.enqueue_copy(queue, fmt.buffers[name], arrays[name],
+                                      is_blocking=False) for name in value_arrays(fmt)]
+            cl.wait_for_events(events)
+            return
+        src = upload(fmt.device.context, data)
+        events = []
+        for name, (count, slots, sources) in self.device_layout.items():
+            if not count:
+                continue
+            self.kernel.set_args(np.uint64(count), slots, sources, src, fmt.buffers[name])
+            groups = -(-count // WORK_GROUP_SIZE)
+            events.append(cl.enqueue_nd_range_kernel(
+                queue, self.kernel, (groups * WORK_GROUP_SIZE,), (WORK_GROUP_SIZE,)))
+            cl.wait_for_events(events[-1:])   # the kernel object is reused
+        src.release()
+
+
+def check_values(data, nnz: int):
+    """``data`` as a 1-D numpy array of ``nnz`` real numbers, or a clear error."""
+    if sp.issparse(data):
+        raise InvalidInputError("update_values takes the new values array (CSR order, as "
+                                "A.data), not a sparse matrix")
+    data = np.asarray(data)
+    if data.dtype.kind == "c":
+        raise UnsupportedDtypeError(f"values are complex ({data.dtype}); this operator is real")
+    if data.dtype.kind not in "fiub":
+        raise UnsupportedDtypeError(f"values must be numbers, not {data.dtype}")
+    if data.ndim != 1 or data.size != nnz:
+        raise InvalidInputError(f"update_values needs {nnz} values (one per stored entry, in "
+                                f"the CSR order of the matrix given), got shape {data.shape}")
+    return data

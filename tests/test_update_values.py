@@ -1,0 +1,101 @@
+"""``SpMV.update_values``: new values for the same pattern, in every format, without
+re-conversion; products after an update use the new values (host and device vectors),
+and bad input is refused clearly."""
+
+import numpy as np
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+from conftest import assert_close, make_operator, poisoned, reference, skip_without_fp64
+from matrix_cases import CASES
+
+import pyspmv_cl as psc
+
+FORMATS = psc.formats()
+# Edge cases where a format's storage differs most from CSR order (padding, sorting,
+# tiles, duplicates kept apart, explicit zeros, empty rows and matrices).
+SHAPES = ["empty_rows", "row_length_sweep", "power_law", "unsorted_indices",
+          "duplicates_csr", "explicit_zeros", "one_long_row", "all_rows_empty", "0x0",
+          "prime_nnz_4099"]
+
+
+def with_values(A, data):
+    B = A.copy()
+    B.data = np.asarray(data, dtype=np.float64).copy()
+    return B
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", SHAPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_update_values_matches_scipy(fmt, case, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    A = sp.csr_matrix(CASES[case](rng) if callable(CASES[case]) else CASES[case])
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        pytest.skip(f"{fmt} refuses {case}")
+    for _ in range(2):   # the second update reuses the map
+        data = rng.standard_normal(A.nnz)
+        op.update_values(data)
+        B = with_values(A, data)
+        x = rng.standard_normal(A.shape[1])
+        assert_close(op @ x, reference(B, x), B, x, dtype)
+        out = poisoned(A.shape[0], dtype)
+        op.matvec(x, out=out)
+        assert_close(out, reference(B, x), B, x, dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_update_values_orders_with_device_products(fmt, device, rng):
+    """Products enqueued before an update see the old values, after it the new ones."""
+    dtype = np.float32
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        pytest.skip(f"{fmt} refuses this matrix")
+    x = rng.standard_normal(A.shape[1])
+    x_dev = cla.to_device(op.queue, x.astype(dtype))
+    before = op.matvec(x_dev)
+    data = rng.standard_normal(A.nnz)
+    op.update_values(data)
+    after = op.matvec(x_dev)
+    assert_close(before.get(), reference(A, x), A, x, dtype)
+    B = with_values(A, data)
+    assert_close(after.get(), reference(B, x), B, x, dtype)
+
+
+def test_update_values_for_a_coo_input_uses_csr_order(device, rng):
+    """A COO matrix's values are taken in the order of ``A.tocsr().data``."""
+    A = sp.random(200, 150, density=0.05, format="coo", random_state=7)
+    op = psc.SpMV(A, format="csr-scalar", device=device)
+    csr = A.tocsr()
+    data = rng.standard_normal(csr.nnz)
+    op.update_values(data)
+    B = with_values(csr, data)
+    x = rng.standard_normal(150)
+    assert_close(op @ x, reference(B, x), B, x, np.float64)
+
+
+def test_update_values_counts_its_map_in_nbytes(device, rng):
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    op = psc.SpMV(A, format="csr-scalar", device=device)
+    before = op.nbytes
+    op.update_values(A.data * 2)
+    assert op.nbytes == before + 2 * A.nnz * 4   # slots and sources, 32-bit
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (np.ones(3), psc.InvalidInputError, "needs 45 values"),
+    (np.ones((45, 1)), psc.InvalidInputError, "needs 45 values"),
+    (np.ones(45, dtype=complex), psc.UnsupportedDtypeError, "complex"),
+    (np.array(["a"] * 45), psc.UnsupportedDtypeError, "numbers"),
+    (sp.eye(45, format="csr"), psc.InvalidInputError, "not a sparse matrix"),
+])
+def test_update_values_refuses_bad_input(bad, error, match, device):
+    A = sp.random(30, 30, density=0.05, format="csr", random_state=3)
+    assert A.nnz == 45
+    op = psc.SpMV(A, format="csr-scalar", device=device)
+    with pytest.raises(error, match=match):
+        op.update_values(bad)
+    x = np.arange(30.0)
+    assert_close(op @ x, reference(A, x), A, x, np.float64)   # unchanged
