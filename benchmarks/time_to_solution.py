@@ -146,7 +146,7 @@ def run_case(name, A, device, dtype, configs, peers, states, rounds, vectors, en
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, A.shape[1])
     # Warm the shared cache and fill the database once per configuration.
-    for label, kwargs in configs:
+    for _, kwargs in configs:
         env.enter(True, True)
         ours(A, x, device, dtype, kwargs, vectors)
     contenders = [("ours", label, kwargs, state) for label, kwargs in configs
