@@ -1,16 +1,25 @@
 """Kernel launches and their timing: every kernel a product runs is enqueued through
 :func:`enqueue_launch`, so that :func:`record_launches` can collect the events of one
-product for the tuner, the benchmarks and the kernel breakdown."""
+product for the tuner, the benchmarks and the kernel breakdown (each thread its own:
+the online tuner times candidates in a thread of its own)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyopencl as cl
 
-_recorders: list[tuple[list, bool]] = []
+# Per thread: a background tuning thread must not collect the caller's launches.
+_local = threading.local()
+
+
+def _recorders() -> list:
+    if not hasattr(_local, "recorders"):
+        _local.recorders = []
+    return _local.recorders
 
 
 def enqueue_launch(queue: cl.CommandQueue, kernel: cl.Kernel, global_size: tuple,
@@ -19,7 +28,7 @@ def enqueue_launch(queue: cl.CommandQueue, kernel: cl.Kernel, global_size: tuple
     every active ``record_launches`` block."""
     event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size,
                                        wait_for=wait_for)
-    for events, with_names in _recorders:
+    for events, with_names in _recorders():
         events.append((kernel.function_name, event) if with_names else event)
     return event
 
@@ -37,11 +46,12 @@ def record_launches(with_names: bool = False) -> Iterator[list[Any]]:
     ``(kernel name, event)`` pairs with ``with_names``)."""
     events: list[Any] = []
     entry = (events, with_names)
-    _recorders.append(entry)
+    recorders = _recorders()
+    recorders.append(entry)
     try:
         yield events
     finally:
-        _recorders.remove(entry)
+        recorders.remove(entry)
 
 
 def launches_seconds(enqueue: Callable[[], Any]) -> float:

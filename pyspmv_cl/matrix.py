@@ -101,6 +101,9 @@ class SpMV:
         # The pattern, for update_values (references: no copy of the caller's arrays).
         self._structure = (csr.indices, csr.indptr)
         self._updater = None
+        self._values_version = 0
+        self._latest_values = None   # kept while an online tuning may still switch
+        self._online = self.tuning.online if self.tuning is not None else None
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -170,7 +173,53 @@ class SpMV:
         return buf
 
     def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None):
-        return self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
+        if self._online is not None:
+            self._poll_online()
+        event = self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
+        if self._online is not None:
+            self._online.note_call(self._impl, self.queue, self._values_version)
+        return event
+
+    # -- online tuning ----------------------------------------------------------------------
+    def _poll_online(self):
+        """Switch to the online tuner's winner once it is ready (here, in the caller's
+        thread, between two products: no implementation is used by two threads)."""
+        tuning = self._online
+        if tuning.state in ("waiting", "running"):
+            return
+        impl = tuning.take()
+        if impl is not None:
+            if tuning.values_version != self._values_version:
+                # Values updated after the snapshot the candidates were built from.
+                ValueUpdater(impl, self._structure).update(self.queue, self._latest_values)
+            self._impl = impl
+            self.format = tuning.decision.format
+            self.nbytes = impl.nbytes
+            self._updater = None
+        if tuning.state == "done":
+            self.explanation = tuning.decision.explanation
+        elif tuning.state == "failed":
+            self.explanation += f" (online tuning failed: {tuning.error}; kept the start format)"
+        self._online = None
+        self._latest_values = None
+
+    def finish_tuning(self, timeout=None) -> str:
+        """With online tuning (``format="auto"`` on a matrix the tuning database does not
+        know): start the background measurement now if it has not started, wait for it
+        (at most ``timeout`` seconds) and switch to the winner.  Returns the tuning's
+        state ("done", "failed", "running" when the timeout passed, or "none" when this
+        operator does not tune online)."""
+        tuning = self.tuning.online if self.tuning is not None else None
+        if tuning is None:
+            return "none"
+        if self._online is not None:
+            if tuning.state == "waiting":
+                tuning.trigger = tuning.calls + 1
+                tuning.note_call(self._impl, self.queue, self._values_version)
+            tuning.wait(timeout)
+            if tuning.state not in ("waiting", "running"):
+                self._poll_online()
+        return tuning.state
 
     def _matvec_host(self, x, out, alpha, beta):
         x = np.asarray(x)
@@ -263,6 +312,9 @@ class SpMV:
         call then costs the upload of the values and one scatter kernel.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
         data = check_values(data, self._structure[0].size)
+        self._values_version += 1
+        if self._online is not None:   # the winner will need these values too
+            self._latest_values = np.array(data, dtype=self.dtype)
         if self._updater is None or self._updater.fmt is not self._impl:
             self._updater = ValueUpdater(self._impl, self._structure)
             self.nbytes = self._impl.nbytes + self._updater.nbytes

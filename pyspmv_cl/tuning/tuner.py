@@ -16,10 +16,12 @@
    stored in the tuning database (database.py), so the same matrix on the same
    device is decided again without timing, in any process.
 
-Policies (``tune=``): ``None``/``"auto"`` uses a stored decision, else measures when it
-pays (``nnz >= MEASURE_MIN_NNZ``, or ``expected_calls`` large enough to repay the
-budget), else the rules; ``True``/``"measure"`` measures unless stored; ``"force"``
-re-measures and overwrites; ``False``/``"model"`` uses the rules only.
+Policies (``tune=``): ``None``/``"auto"`` uses a stored decision, else, when measuring
+pays (``nnz >= MEASURE_MIN_NNZ``), tunes online (starts on a CSR kernel at once and
+measures in the background: online.py) -- or measures now when ``expected_calls`` is
+given and large enough to repay the budget -- else the rules; ``"online"`` tunes online
+unless stored; ``True``/``"measure"`` measures now unless stored; ``"force"``
+re-measures now and overwrites; ``False``/``"model"`` uses the rules only.
 ``PYSPMV_CL_TUNE`` sets the default policy, ``PYSPMV_CL_TUNE_BUDGET`` the default
 budget in seconds per million non-zeros.
 """
@@ -33,7 +35,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..errors import FormatNotSuitableError, InvalidParameterError
-from . import database
+from . import database, online
 from .features import bandwidth, fingerprint, row_length_histogram
 from .heuristics import choose_format
 
@@ -54,7 +56,7 @@ MAX_CONFIRM_ROUNDS = 12     # one round at least, then more while the budget las
 PAYBACK = 0.25              # expected gain of measuring over the rules (share of kernel time)
 
 _POLICIES = {None: "auto", "auto": "auto", True: "measure", "measure": "measure",
-             False: "model", "model": "model", "force": "force"}
+             False: "model", "model": "model", "force": "force", "online": "online"}
 
 
 @dataclasses.dataclass
@@ -67,6 +69,7 @@ class Decision:
     kernel_seconds: float = None
     tuning_seconds: float = 0.0
     entry: dict = None
+    online: object = None     # the OnlineTuning of source "online" (tuning/online.py)
 
 
 def policy(tune):
@@ -75,8 +78,8 @@ def policy(tune):
     try:
         return _POLICIES[tune]
     except (KeyError, TypeError):
-        raise InvalidParameterError(f"tune must be None/'auto', True/'measure', False/'model' or "
-                         f"'force', not {tune!r}") from None
+        raise InvalidParameterError(f"tune must be None/'auto', True/'measure', False/'model', "
+                                    f"'online' or 'force', not {tune!r}") from None
 
 
 def default_budget(nnz):
@@ -124,8 +127,8 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
 class _Bench:
     """Vectors and a scipy reference shared by every candidate of one tuning run."""
 
-    def __init__(self, csr, device, dtype):
-        self.queue = device.profiling_queue
+    def __init__(self, csr, device, dtype, queue=None):
+        self.queue = queue or device.profiling_queue
         self.dtype = np.dtype(dtype)
         m, n = csr.shape
         rng = np.random.default_rng(0)
@@ -187,10 +190,13 @@ def _score(c, expected_calls):
 
 
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
-            expected_calls=None, registry=None, progress=None):
+            expected_calls=None, registry=None, progress=None, should_stop=None,
+            queue=None):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
-    could be measured.  ``progress(done, total, text)`` is told of each step."""
+    could be measured.  ``progress(done, total, text)`` is told of each step;
+    ``should_stop()`` ends the measurement early; ``queue`` (profiling enabled) times
+    on a queue of the caller's instead of the device's profiling queue."""
     from ..formats import FORMATS
 
     registry = dict(FORMATS if registry is None else registry)
@@ -202,7 +208,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
                                      csr=csr)
     first = [(name, p[0]) for name, p in order[:MAX_FORMATS]]
     skipped += [(name, "ranked lower by the model") for name, _ in order[MAX_FORMATS:]]
-    bench = _Bench(csr, device, dtype)
+    bench = _Bench(csr, device, dtype, queue)
     start = time.perf_counter()
     results = []
     finalists = []   # [(score, rec, impl, samples)], the best few so far
@@ -243,15 +249,17 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         del finalists[keep:]   # frees the others' device buffers
 
     def within_budget():   # for building and timing candidates; the rest re-times
+        if should_stop is not None and should_stop():
+            return False
         elapsed = time.perf_counter() - start
         predicted = statistics.median(costs) if costs else 0.0
         return len(results) < 2 or elapsed + predicted <= (1 - CONFIRM_SHARE) * budget
 
-    queue = [(name, params, False) for name, params in first]
-    total = len(queue)
-    for k, (name, params, alt) in enumerate(queue):
+    pending = [(name, params, False) for name, params in first]
+    total = len(pending)
+    for k, (name, params, alt) in enumerate(pending):
         if not within_budget():
-            skipped += [(n, "over the time budget") for n, _, _ in queue[k:]]
+            skipped += [(n, "over the time budget") for n, _, _ in pending[k:]]
             break
         if progress:
             progress(k, total, name)
@@ -280,7 +288,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         confirm = [[] for _ in finalists]
         rounds, round_cost = 0, 0.0
         while rounds == 0 or (rounds < MAX_CONFIRM_ROUNDS
-                              and time.perf_counter() - start + round_cost <= budget):
+                              and time.perf_counter() - start + round_cost <= budget
+                              and not (should_stop is not None and should_stop())):
             t0 = time.perf_counter()
             for samples, (_, _rec, impl, _first) in zip(confirm, finalists):
                 samples += bench.time(impl, None, min_samples=3, max_samples=3, min_time=0,
@@ -396,6 +405,11 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
         if not worth:
             return Decision(rule_format, {}, f"rules ({why}): {rule_why}", "model",
                             tuning_seconds=time.perf_counter() - t0)
+        if expected_calls is None:   # nobody asked to wait for a measurement
+            mode = "online"
+    if mode == "online":
+        return _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
+                                time.perf_counter() - t0)
 
     entry, impl, chosen = measure(csr, features, device, dtype, user_params, budget=budget,
                                   expected_calls=expected_calls, progress=progress)
@@ -410,6 +424,40 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
                               f"measured in {entry['tuning_seconds']:.2f} s"),
                     "measured", impl=impl, kernel_seconds=chosen["kernel_seconds"],
                     tuning_seconds=time.perf_counter() - t0, entry=entry)
+
+
+def _online_decision(csr, features, device, dtype, user_params, key, fp, budget, spent):
+    """Start on a CSR kernel and measure in the background (tuning/online.py)."""
+    profile = device.profile
+    budget = online.online_budget(features.nnz) if budget is None else float(budget)
+    start_format, start_params, start_why = online.start_choice(features, profile, dtype)
+    trigger = online.trigger_calls(features, profile, dtype, budget)
+
+    def run_measurement(snapshot, should_stop):
+        # A queue of its own: the caller's products go on while candidates are timed.
+        queue = cl.CommandQueue(device.context, device.cl_device,
+                                properties=cl.command_queue_properties.PROFILING_ENABLE)
+        entry, impl, chosen = measure(snapshot, features, device, dtype, user_params,
+                                      budget=budget, should_stop=should_stop, queue=queue)
+        queue.finish()
+        if chosen is None:
+            raise RuntimeError("no candidate could be measured: " + "; ".join(
+                f"{n} ({w})" for n, w in entry["skipped"]))
+        entry["fingerprint"] = fp
+        database.store(key, entry)
+        return Decision(chosen["format"], dict(chosen["params"]),
+                        _describe(entry, chosen, None,
+                                  f"measured online in {entry['tuning_seconds']:.2f} s"),
+                        "online", impl=impl, kernel_seconds=chosen["kernel_seconds"],
+                        tuning_seconds=entry["tuning_seconds"], entry=entry)
+
+    tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
+                                 start=(start_format, start_params))
+    when = "after the first product" if trigger == 1 else f"after {trigger} products"
+    return Decision(start_format, start_params,
+                    f"online: starting on {start_why}; measuring candidates in the "
+                    f"background {when} (budget {budget:.1f} s), then switching to the "
+                    "fastest", "online", tuning_seconds=spent, online=tuning)
 
 
 def _worth_measuring(features, profile, dtype, expected_calls, budget):

@@ -1,0 +1,174 @@
+"""Online tuning: the default for a matrix the tuning database does not know.
+
+The operator starts at once on a CSR kernel that needs no conversion (``start_choice``:
+csr-vector on GPUs, its adaptive mapping where the rows allow, csr-scalar on CPUs), so
+setup costs little more than the upload.  Once the caller has run enough products for
+tuning to pay (``trigger_calls``: at once on GPUs, where the candidates are converted on
+the host while the device runs the caller's products; on CPUs only after the products
+already run would have paid for the measurement, since it shares the cores), a
+background thread snapshots the matrix from the device, runs the measuring tuner
+(``tuner.measure``) on the device's profiling queue within a budget, and stores the
+decision in the tuning database.  The operator switches to the winner at the start of
+its next product (in the caller's thread: no implementation is ever used by two threads).
+
+Each format is deterministic; after a switch results may differ from the start
+format's in the last bits (another summation order), never in anything else.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+import numpy as np
+import pyopencl as cl
+import scipy.sparse as sp
+
+from ..formats import FORMATS
+
+#: Budget of a background measurement: seconds per million non-zeros, and at least.
+ONLINE_SECONDS_PER_MNNZ = 0.3
+ONLINE_MIN_BUDGET = 0.5
+#: CPUs: start once the products run (estimated) add up to this share of the budget.
+CPU_TRIGGER_SHARE = 1.0
+#: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
+CPU_BYTES_PER_SECOND = 20e9
+
+
+def online_budget(nnz: int) -> float:
+    return max(ONLINE_MIN_BUDGET, ONLINE_SECONDS_PER_MNNZ * nnz / 1e6)
+
+
+def start_choice(features, profile, dtype):
+    """(format, params, why): a CSR kernel that needs no conversion."""
+    if profile.is_gpu:
+        candidates = FORMATS["csr-vector"].tuning_candidates(features, profile, dtype)
+        params = candidates[0] if candidates else {}
+        how = "adaptive row blocks" if params.get("mapping") == "adaptive" else "rows"
+        return "csr-vector", dict(params), f"csr-vector ({how}): no conversion"
+    return "csr-scalar", {}, "csr-scalar: no conversion"
+
+
+def trigger_calls(features, profile, dtype, budget) -> int:
+    """Products after which the background measurement starts."""
+    if profile.is_gpu:
+        return 1
+    item = np.dtype(dtype).itemsize
+    nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
+    per_call = nbytes / CPU_BYTES_PER_SECOND
+    return max(1, int(np.ceil(CPU_TRIGGER_SHARE * budget / per_call)))
+
+
+class OnlineTuning:
+    """The background measurement of one operator; ``state`` is "waiting" (for the
+    trigger), "running", "done" (a winner is ready or was taken), "failed" or
+    "cancelled".  ``calls`` counts the products seen; ``started``/``finished`` are
+    ``time.time()`` stamps; ``switched_at_call`` the product before which the operator
+    switched (None if it kept its start format)."""
+
+    def __init__(self, run_measurement, *, budget, trigger, start):
+        # run_measurement(csr, should_stop) -> Decision (impl=the winner, built), or raises
+        self._run_measurement = run_measurement
+        self.budget, self.trigger = float(budget), int(trigger)
+        self.start = start            # (format, params) the operator starts on
+        self.state = "waiting"
+        self.calls = 0
+        self.started = self.finished = None
+        self.switched_at_call = None
+        self.error = None
+        self.decision = None       # the final Decision (impl taken by the operator)
+        self.values_version = None   # the operator's values when the snapshot was taken
+        self._thread = None
+        self._stop = False
+        self._lock = threading.Lock()
+
+    # -- called by the operator, in the caller's thread ------------------------------------
+    def note_call(self, impl, queue, values_version, wait_for=None) -> None:
+        """Count one product; start the measurement when the trigger is reached."""
+        self.calls += 1
+        if self.state == "waiting" and self.calls >= self.trigger:
+            arrays, events = snapshot(impl, queue, wait_for)
+            self.values_version = values_version
+            _running.add(self)
+            self.state = "running"
+            self.started = time.time()
+            self._thread = threading.Thread(target=self._run,
+                                            args=(impl.shape, arrays, events),
+                                            name="pyspmv_cl-online-tuning", daemon=True)
+            self._thread.start()
+
+    def take(self):
+        """The winner's implementation when it is ready and differs from the start
+        format's, else None; hands it over once."""
+        with self._lock:
+            if self.state != "done" or self.decision is None or self.decision.impl is None:
+                return None
+            impl, self.decision.impl = self.decision.impl, None
+            self.switched_at_call = self.calls
+            return impl
+
+    def wait(self, timeout=None) -> bool:
+        """Wait for a running measurement; True when none is running any more."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def cancel(self) -> None:
+        """Stop waiting, or stop a running measurement after its current candidate."""
+        with self._lock:
+            if self.state == "waiting":
+                self.state = "cancelled"
+        self._stop = True
+
+    # -- the background thread -----------------------------------------------------------
+    def _run(self, shape, arrays, events):
+        try:
+            if events:
+                cl.wait_for_events(events)
+            indptr, indices, data = arrays
+            csr = sp.csr_matrix(shape, dtype=data.dtype)
+            csr.data, csr.indices, csr.indptr = data, indices, indptr
+            decision = self._run_measurement(csr, lambda: self._stop)
+            if (decision.format, decision.params) == tuple(self.start):
+                decision.impl = None    # the start format won: nothing to switch to
+            with self._lock:
+                self.decision, self.state = decision, "done"
+        except Exception as exc:  # the operator keeps its start format
+            with self._lock:
+                self.error, self.state = f"{type(exc).__name__}: {exc}", "failed"
+        finally:
+            self.finished = time.time()
+            _running.discard(self)
+
+
+_running: set = set()
+
+
+@atexit.register
+def _stop_running() -> None:
+    """At exit, let running measurements stop after their current candidate: a thread
+    still inside the OpenCL runtime while the interpreter tears it down may crash it."""
+    for tuning in list(_running):
+        tuning.cancel()
+    for tuning in list(_running):
+        tuning.wait(30)
+
+
+def snapshot(impl, queue, wait_for=None):
+    """The CSR arrays of a CSR-format operator, read from the device (what it computes
+    with, updates included) without blocking: ``(arrays, events)``, the host arrays
+    filled once the events complete.  The caller's later changes to its scipy matrix
+    cannot leak into the tuning."""
+    nnz = impl.value_array_sizes["values"]
+    arrays, events = [], []
+    for name, dtype, size in (("row_ptr", impl.index_dtype, impl.shape[0] + 1),
+                              ("col_idx", impl.index_dtype, nnz),
+                              ("values", impl.dtype, nnz)):
+        host = np.empty(size, dtype)
+        if size:
+            events.append(cl.enqueue_copy(queue, host, impl.buffers[name],
+                                          wait_for=wait_for, is_blocking=False))
+        arrays.append(host)
+    return arrays, events
