@@ -5,19 +5,7 @@
 ## (stored zeros must still turn x's inf/NaN into NaN, padding must not).
 ${c.preamble()}
 
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void dia(const long n_rows,
-         const long stride,
-         const long n_diags,
-         __global const index_t *restrict offsets,
-         __global const real_t *restrict data,
-% if has_mask:
-         __global const uint *restrict mask,
-% endif
-         __global const real_t *restrict x,
-         __global real_t *restrict y,
-         const real_t alpha,
-         const real_t beta)
+${signature("dia")}
 {
     const long row = get_global_id(0);
     if (row < n_rows) {

@@ -6,16 +6,7 @@
 ## The T partial sums are added in local memory with barriers (no lock-step warps).
 ${c.preamble()}
 <% rows_per_group = work_group_size // T %>
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void ellr_t(const long n_rows,
-            const long slice,
-            __global const index_t *restrict col_idx,
-            __global const real_t *restrict values,
-            __global const index_t *restrict row_length,
-            __global const real_t *restrict x,
-            __global real_t *restrict y,
-            const real_t alpha,
-            const real_t beta)
+${signature("ellr_t")}
 {
 % if T > 1:
     __local real_t partial[${work_group_size}];

@@ -5,6 +5,8 @@ as separate products (layers), stencils and banded matrices accepted, refusals (
 many diagonals, too much fill) with their numbers, work-group sizes and GPU-shaped
 profiles, footprint and parameter validation."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -225,3 +227,21 @@ def test_device_memory_refusal(device):
 def test_bad_parameters(bad, device, rng):
     with pytest.raises(ValueError, match=next(iter(bad))):
         psc.SpMV(CASES["empty_rows"](rng), format="dia", device=device, **bad)
+
+
+def test_estimate_cost(device):
+    """The tuner's model (moved from the tuner): the diagonal slots' bytes; not worth
+    timing for rows too uneven to count diagonals or a fill above 3."""
+    from pyspmv_cl.formats.dia import DIA
+    from pyspmv_cl.tuning.features import MatrixFeatures
+
+    f = MatrixFeatures(n_rows=1000, n_cols=1000, nnz=2990, mean_row_length=2.99,
+                       max_row_length=3, std_row_length=0.1, empty_rows=0, diagonals=3)
+    assert DIA.estimate_cost(f, device.profile, np.float32) == (3 * 1000 * 4, None)
+    assert DIA.estimate_cost(f, device.profile, np.float64) == (3 * 1000 * 8, None)
+    cost, why = DIA.estimate_cost(dataclasses.replace(f, diagonals=-1), device.profile,
+                                  np.float32)
+    assert cost is None and "uneven" in why
+    cost, why = DIA.estimate_cost(dataclasses.replace(f, diagonals=9), device.profile,
+                                  np.float32)
+    assert cost is None and "9 diagonals, fill 3.0x" in why

@@ -4,6 +4,8 @@ consecutive addresses; rl[]), defaults from the paper's model (and T = 1 on CPUs
 partial parameters completed by the model, padding that is never read (Inf/NaN in x),
 refusals with their numbers, stencils accepted, footprint and validation."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -211,3 +213,17 @@ def test_t_above_simd_width_refused(device, rng):
     with pytest.raises(ValueError, match="from 1 to 32"):
         psc.SpMV(CASES["empty_rows"](rng), format="ellr-t", device=device.override(**GPU32),
                  T=64)
+
+
+def test_estimate_cost(device):
+    """The tuner's model (moved from the tuner): the padded arrays' bytes at 85%; not
+    worth timing above 3 slots per non-zero."""
+    from pyspmv_cl.formats.ellr_t import ELLRT
+    from pyspmv_cl.tuning.features import MatrixFeatures
+
+    f = MatrixFeatures(n_rows=1000, n_cols=1000, nnz=5000, mean_row_length=5.0,
+                       max_row_length=15, std_row_length=1.0, empty_rows=0)
+    assert ELLRT.estimate_cost(f, device.profile, np.float32) == (1000 * 15 * 8 / 0.85, None)
+    cost, why = ELLRT.estimate_cost(dataclasses.replace(f, max_row_length=16),
+                                    device.profile, np.float32)
+    assert cost is None and why == "padding 3.2x > 3"

@@ -22,7 +22,9 @@ import math
 
 import numpy as np
 
+from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
 from ..errors import FormatNotSuitableError
+from . import params as P
 from .base import (
     SpMVFormat,
     format_bytes,
@@ -31,10 +33,13 @@ from .base import (
     row_per_item_work_group_size,
 )
 from .ell import SMALL_BYTES, check_padding, ell_stride
+from .registry import register
 
 DEFAULT_MAX_FILL = 3.0
 DEFAULT_MAX_DIAGONALS = 512
 ADVICE = "ell, hyb or csr-vector"
+# The tuner times DIA only for diagonals this well filled (slots per non-zero).
+TUNING_MAX_FILL = 3.0
 
 
 def _duplicate_rank(rows, cols, n_cols):
@@ -72,33 +77,56 @@ def dia_diagonals(csr):
     return keys // layers - max(m, 1), diag.ravel(), rows
 
 
+def _limit_check(what="a number >= 1, None or inf (no limit)"):
+    """A limit: a number >= 1, or ``None``/``inf`` for none (normalised to ``None``)."""
+    number = P.number()
+
+    def check(value):
+        if value is None:
+            return None
+        try:
+            value = number(value)
+        except P.Invalid:
+            raise P.Invalid(what) from None
+        if value == math.inf:
+            return None
+        if not value >= 1:
+            raise P.Invalid(what)
+        return value
+    check.what = what
+    return check
+
+
+@register
 class DIA(SpMVFormat):
     name = "dia"
+    order = 3
     template = "dia.mako"
-    kernel_name = "dia"
-    param_names = ("work_group_size", "max_fill", "max_diagonals")
     may_refuse = True
+    params = (
+        P.work_group_size(),
+        P.Param("max_fill", _limit_check(),
+                "refuse above this many slots per non-zero (None or inf: no limit)"),
+        P.Param("max_diagonals", P.optional(P.positive_int()),
+                "refuse above this many diagonals (None: no limit)"),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
         return {"work_group_size": row_per_item_work_group_size(profile),
                 "max_fill": DEFAULT_MAX_FILL, "max_diagonals": DEFAULT_MAX_DIAGONALS}
 
-    def __init__(self, csr, device, dtype, params):
-        params = dict(params)
-        fill = params.get("max_fill")
-        if fill == math.inf:
-            params["max_fill"] = None
-        elif fill is not None and (isinstance(fill, bool) or not isinstance(fill, (int, float))
-                                   or not fill >= 1):
-            raise ValueError(f"dia: max_fill must be a number >= 1 or inf, not {fill!r}")
-        diags = params.get("max_diagonals")
-        if diags is not None and (isinstance(diags, bool) or not isinstance(
-                diags, (int, np.integer)) or diags < 1):
-            raise ValueError(f"dia: max_diagonals must be a positive integer, not {diags!r}")
-        super().__init__(csr, device, dtype, params)
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        if features.diagonals < 0:
+            return None, "rows too uneven for diagonals"
+        if features.diagonal_fill > TUNING_MAX_FILL:
+            return None, f"{features.diagonals} diagonals, fill {features.diagonal_fill:.1f}x"
+        return features.diagonals * features.n_rows * np.dtype(dtype).itemsize, None
 
-    def _convert(self, csr):
+    def analyse(self, csr):
+        """The diagonals, the stride, whether a bitmap is needed; refuses an unsuitable
+        matrix before anything is built."""
         m = csr.shape[0]
         offsets, diag, rows = dia_diagonals(csr)
         self.n_diags = offsets.size
@@ -111,8 +139,13 @@ class DIA(SpMVFormat):
             sizes.append(-(-slots // 32) * 4)
         self._check_suits(csr.nnz, m, sum(sizes))
         check_padding(self.name, slots, csr.nnz, sizes, None, ADVICE, self.profile, "DIA")
+        # Kept for convert (dropped there).
+        self._layout = (offsets, diag * self.stride + rows, values)
 
-        slot = diag * self.stride + rows
+    def convert(self, csr):
+        offsets, slot, values = self._layout
+        del self._layout
+        slots = self.n_diags * self.stride
         data = np.zeros(slots, dtype=self.dtype)
         data[slot] = values
         arrays = {"offsets": offsets.astype(self.index_dtype), "data": data}
@@ -138,15 +171,16 @@ class DIA(SpMVFormat):
                 f"rows hold {nnz} non-zeros, {fill:.1f} slots per non-zero (limit "
                 f"max_fill={max_fill:g}; {format_bytes(nbytes)}); use {ADVICE}")
 
-    def _template_params(self):
+    def template_params(self):
         return {"has_mask": self.has_mask}
 
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        b = self.buffers
-        mask = (b["mask"],) if self.has_mask else ()
-        return (np.int64(self.shape[0]), np.int64(self.stride), np.int64(self.n_diags),
-                b["offsets"], b["data"], *mask, x_buf, y_buf, alpha, beta)
+    def kernel_specs(self):
+        mask = (matrix("mask", "uint"),) if self.has_mask else ()
+        args = (scalar("n_rows", "long"), scalar("stride", "long"), scalar("n_diags", "long"),
+                matrix("offsets", "index_t"), matrix("data", "real_t"), *mask, *PRODUCT_ARGS)
+        return [KernelSpec("dia", args, fixed_group=True)]
 
-    def _launch_geometry(self):
+    def launches(self, beta):
         wg = self.params["work_group_size"]
-        return launch_rows(self.shape[0], wg, wg)
+        return [self.step("dia", *launch_rows(self.shape[0], wg, wg), n_rows=self.shape[0],
+                          stride=self.stride, n_diags=self.n_diags)]

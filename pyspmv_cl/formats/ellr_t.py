@@ -23,7 +23,10 @@ splits the work-item loop (PoCL), ``T`` defaults to 1.
 
 import numpy as np
 
+from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
+from ..errors import InvalidParameterError
 from ..tuning.ellrt import DEFAULT_BLOCK_SIZES, ellrt_model
+from . import params as P
 from .base import SpMVFormat, launch_rows, pow2_floor
 from .ell import (
     DEFAULT_MAX_PADDING,
@@ -32,10 +35,14 @@ from .ell import (
     row_slots,
     validate_max_padding,
 )
+from .registry import register
 
 # One coalesced read of rl[] per half-warp besides the row's entries (see
 # pyspmv_cl.tuning.ellrt: it reproduces the paper's Table 1 rows we can rebuild).
 MODEL_OVERHEAD = 1
+# The tuner times ELLR-T only when padding every row to the longest costs at most this
+# many slots per non-zero.
+TUNING_MAX_PADDING = 3.0
 
 
 def max_t(profile):
@@ -80,35 +87,74 @@ def ellrt_arrays(csr, t, row_align, index_dtype, dtype):
     return col_idx, values, lengths.astype(index_dtype), slice_
 
 
+def _max_padding_check(what="a number >= 1, None or inf (no limit)"):
+    """``max_padding`` as ell takes it (``None``/``inf``: never refuse for padding)."""
+    def check(value):
+        try:
+            return validate_max_padding(ELLRT.name, value)
+        except ValueError:
+            raise P.Invalid(what) from None
+    check.what = what
+    return check
+
+
+@register
 class ELLRT(SpMVFormat):
     name = "ellr-t"
+    order = 5
     template = "ellr_t.mako"
-    kernel_name = "ellr_t"
-    param_names = ("T", "work_group_size", "max_padding")
     may_refuse = True
+    params = (
+        P.Param("T", P.optional(P.integer(1, 64, power_of_two=True)),
+                "work-items per row, up to the SIMD width (None: the model's choice)"),
+        P.Param("work_group_size", P.optional(P.positive_int()),
+                "the paper's block size BS, a multiple of T (None: the model's choice)"),
+        P.Param("max_padding", _max_padding_check(),
+                "refuse above this many slots per non-zero (None or inf: no limit)"),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
-        # T and the block size need the row lengths: the model runs at conversion.
+        # T and the block size need the row lengths: the model runs in analyse.
         return {"T": None, "work_group_size": None, "max_padding": DEFAULT_MAX_PADDING}
 
-    def __init__(self, csr, device, dtype, params):
-        params = dict(params)
-        profile = device.profile
-        params["max_padding"] = validate_max_padding(self.name, params.get("max_padding"))
-        t, wg = params.get("T"), params.get("work_group_size")
+    @classmethod
+    def check_params(cls, params, profile):
+        t, wg = params["T"], params["work_group_size"]
         limit = max_t(profile)
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer))
-                              or t < 1 or t & (t - 1) or t > limit):
-            raise ValueError(f"ellr-t: T must be a power of two from 1 to {limit} (the SIMD "
-                             f"width of {profile.name}), not {t!r}")
-        if isinstance(wg, (int, np.integer)) and t is not None and (wg < t or wg % t):
-            raise ValueError(f"ellr-t: work_group_size must be a multiple of T ({t}), "
-                             f"not {wg!r}")
+        if t is not None and t > limit:
+            raise InvalidParameterError(
+                f"ellr-t: T must be a power of two from 1 to {limit} (the SIMD width of "
+                f"{profile.name}), not {t!r}")
+        if wg is not None and t is not None and (wg < t or wg % t):
+            raise InvalidParameterError(
+                f"ellr-t: work_group_size must be a multiple of T ({t}), not {wg!r}")
+
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        m, nnz = features.n_rows, max(features.nnz, 1)
+        padding = features.max_row_length * m / nnz
+        if padding > TUNING_MAX_PADDING:
+            return None, f"padding {padding:.1f}x > {TUNING_MAX_PADDING:g}"
+        return m * features.max_row_length * (np.dtype(dtype).itemsize + 4) / 0.85, None
+
+    def analyse(self, csr):
+        """``T`` and ``work_group_size`` left open are chosen by the model; then the
+        padded arrays are checked before anything is built."""
+        t, wg = self.params["T"], self.params["work_group_size"]
         if t is None or wg is None:
-            params["work_group_size"], params["T"] = self._model(csr, profile, t, wg)
-        params["T"] = int(params["T"])
-        super().__init__(csr, device, dtype, params)
+            wg, t = self._model(csr, self.profile, t, wg)
+        self.params["work_group_size"], self.params["T"] = int(wg), int(t)
+        t = self.params["T"]
+        self.row_align = pow2_floor(max(1, self.profile.simd_width))
+        m = csr.shape[0]
+        iterations = -(-int(np.diff(csr.indptr).max(initial=0)) // t) if m else 0
+        slots = iterations * ell_stride(m, self.row_align) * t
+        check_padding(self.name, slots, csr.nnz,
+                      [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize,
+                       m * self.index_dtype.itemsize],
+                      self.params["max_padding"], "hyb, sell or csr-vector", self.profile,
+                      "ELLPACK-R")
 
     @staticmethod
     def _model(csr, profile, t, wg):
@@ -116,8 +162,6 @@ class ELLRT(SpMVFormat):
         left open."""
         ts = (t,) if t is not None else t_candidates(profile)
         if wg is not None:
-            if not isinstance(wg, (int, np.integer)) or isinstance(wg, bool) or wg < 1:
-                return wg, ts[0]  # the base reports the bad value
             ts = tuple(v for v in ts if wg % v == 0) or (1,)
         sizes = (wg,) if wg is not None else block_size_candidates(profile)
         if t is not None and wg is None:
@@ -125,35 +169,27 @@ class ELLRT(SpMVFormat):
         return ellrt_model(np.diff(csr.indptr), profile.compute_units, profile.simd_width,
                            block_sizes=sizes, t_values=ts, overhead=MODEL_OVERHEAD)
 
-    def _convert(self, csr):
-        t = self.params["T"]
-        row_align = pow2_floor(max(1, self.profile.simd_width))
-        m = csr.shape[0]
-        iterations = -(-int(np.diff(csr.indptr).max(initial=0)) // t) if m else 0
-        slots = iterations * ell_stride(m, row_align) * t
-        check_padding(self.name, slots, csr.nnz,
-                      [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize,
-                       m * self.index_dtype.itemsize],
-                      self.params["max_padding"], "hyb, sell or csr-vector", self.profile,
-                      "ELLPACK-R")
+    def convert(self, csr):
         col_idx, values, row_length, self.slice = ellrt_arrays(
-            csr, t, row_align, self.index_dtype, self.dtype)
+            csr, self.params["T"], self.row_align, self.index_dtype, self.dtype)
         return {"col_idx": col_idx, "values": values, "row_length": row_length}
 
-    def _template_params(self):
+    def template_params(self):
         return {"T": self.params["T"]}
 
-    def _local_bytes(self, work_group_size):
+    def local_bytes(self, work_group_size):
         return work_group_size * self.dtype.itemsize if self.params["T"] > 1 else 0
 
-    def _min_work_group_size(self):
+    def min_work_group_size(self):
         return self.params["T"]
 
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        b = self.buffers
-        return (np.int64(self.shape[0]), np.int64(self.slice), b["col_idx"], b["values"],
-                b["row_length"], x_buf, y_buf, alpha, beta)
+    def kernel_specs(self):
+        args = (scalar("n_rows", "long"), scalar("slice", "long"),
+                matrix("col_idx", "index_t"), matrix("values", "real_t"),
+                matrix("row_length", "index_t"), *PRODUCT_ARGS)
+        return [KernelSpec("ellr_t", args, fixed_group=True)]
 
-    def _launch_geometry(self):
+    def launches(self, beta):
         wg = self.params["work_group_size"]
-        return launch_rows(self.shape[0], wg // self.params["T"], wg)
+        return [self.step("ellr_t", *launch_rows(self.shape[0], wg // self.params["T"], wg),
+                          n_rows=self.shape[0], slice=self.slice)]
