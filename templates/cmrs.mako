@@ -19,21 +19,7 @@ ${c.preamble()}
 #define GROUP_WIDTH ${GW}
 #define STRIPS_PER_GROUP ${work_group_size // GW}
 
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void cmrs(const long n_rows,
-          const long n_strips,
-          __global const index_t *restrict strip_ptr,
-% if packed:
-          __global const ${word_t} *restrict col_idx,
-% else:
-          __global const index_t *restrict col_idx,
-          __global const uchar *restrict row_in_strip,
-% endif
-          __global const real_t *restrict values,
-          __global const real_t *restrict x,
-          __global real_t *restrict y,
-          const real_t alpha,
-          const real_t beta)
+${signature("cmrs")}
 {
 <%def name="decode()">
 <% word_t = "u" + index_t %>

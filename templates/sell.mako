@@ -8,19 +8,7 @@ ${c.preamble()}
 <% C = slice_height %>
 #define C ${C}
 
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void sell(const long n_rows,
-          const long n_slices,
-          __global const index_t *restrict slice_ptr,
-          __global const index_t *restrict col_idx,
-          __global const real_t *restrict values,
-% if has_perm:
-          __global const index_t *restrict perm,
-% endif
-          __global const real_t *restrict x,
-          __global real_t *restrict y,
-          const real_t alpha,
-          const real_t beta)
+${signature("sell")}
 {
 % if mapping == "slices":
     ## One work-item per slice; the lane loops run over consecutive addresses and

@@ -13,7 +13,7 @@ from matrix_cases import read_back as shared_read_back
 
 import pyspmv_cl as psc
 from pyspmv_cl.errors import IndexOverflowError
-from pyspmv_cl.formats import sell as sell_module
+from pyspmv_cl.formats import base as base_module
 from pyspmv_cl.formats.sell import (
     SLICE_HEIGHTS,
     auto_sigma,
@@ -248,7 +248,7 @@ def test_padding_past_32_bits_switches_to_64(device, rng, monkeypatch):
     lengths = np.zeros(64, dtype=np.int64)
     lengths[::8] = 50                              # 8 rows of 50 in 8 slices of 8
     A = csr_from_row_lengths(rng, lengths, 60)
-    monkeypatch.setattr(sell_module, "_INT32_LIMIT", 1000)   # 3200 slots > 1000 > nnz
+    monkeypatch.setattr(base_module, "INT32_LIMIT", 1000)   # 3200 slots > 1000 > nnz
     op = psc.SpMV(A, format="sell", dtype=np.float32, device=device, slice_height=8,
                   sigma=1)
     assert op.params["index_bits"] == 64

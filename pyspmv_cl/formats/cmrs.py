@@ -22,7 +22,11 @@ the unsorted layout by rounding only.
 
 import numpy as np
 
+from ..codegen import PRODUCT_ARGS, KernelSpec, c_type, matrix, scalar
+from ..errors import InvalidParameterError
+from . import params as P
 from .base import SpMVFormat, pow2_floor
+from .registry import register
 
 MAX_HEIGHT = 16                     # 4 bits of row-in-strip
 GROUP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -42,10 +46,6 @@ GPU_WORK_GROUP = 128                # the paper's optimal block size
 CPU_GROUP_WIDTH = 1
 CPU_WORK_GROUP = 64
 CPU_HEIGHT = 4
-
-
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def occupancy_height(profile, dtype):
@@ -90,12 +90,22 @@ def fits_packed(n_cols, index_dtype):
     return n_cols <= 1 << row_bits_shift(index_dtype)
 
 
+@register
 class CMRS(SpMVFormat):
     name = "cmrs"
+    order = 8
     template = "cmrs.mako"
-    kernel_name = "cmrs"
-    param_names = ("height", "group_width", "work_group_size", "sort_columns",
-                   "row_in_strip", "reduction")
+    params = (
+        P.Param("height", P.integer(1, MAX_HEIGHT),
+                f"rows per strip (1 to {MAX_HEIGHT}: 4 bits of row-in-strip)"),
+        P.Param("group_width", P.one_of(*GROUP_WIDTHS), "work-items per strip"),
+        P.work_group_size(),
+        P.Param("sort_columns", P.boolean(), "sort each strip's entries by column"),
+        P.Param("row_in_strip", P.one_of(*ROW_IN_STRIP),
+                "row-in-strip packed into the column index's top bits, a separate byte "
+                "array, or 'auto' (packed where the columns fit)"),
+        P.Param("reduction", P.one_of(*REDUCTIONS), "how a strip's partial sums combine"),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -108,49 +118,32 @@ class CMRS(SpMVFormat):
                 "reduction": "serial" if profile.is_cpu else "tree"}
 
     @classmethod
-    def resolve_params(cls, features, profile, dtype, user_params):
+    def resolve_params(cls, features, profile, dtype, given):
         """The default work-group size follows a caller's group width and height: whole
         strips per group, and a local buffer that fits the device."""
-        params = super().resolve_params(features, profile, dtype, user_params)
-        given = {k for k, v in user_params.items() if v is not None}
-        gw, h = params["group_width"], params["height"]
-        if "group_width" in given and "height" not in given and gw in GROUP_WIDTHS:
+        params = P.resolve(cls.name, cls.params, cls.default_params(features, profile, dtype),
+                           given)
+        given = {k for k, v in given.items() if v is not None}
+        gw = params["group_width"]
+        if "group_width" in given and "height" not in given:
             params["height"] = default_height(features, profile, dtype, gw)
-            h = params["height"]
-        if ("work_group_size" not in given and gw in GROUP_WIDTHS and _is_int(h)
-                and 1 <= h <= MAX_HEIGHT):
+        h = params["height"]
+        if "work_group_size" not in given:
             wg = max(params["work_group_size"], gw)
             wg -= wg % gw
             itemsize = np.dtype(dtype).itemsize
             while wg > gw and gw > 1 and wg * h * itemsize > profile.local_mem_size:
                 wg //= 2
             params["work_group_size"] = wg
+        cls.check_params(params, profile)
         return params
 
-    def __init__(self, csr, device, dtype, params):
-        h = params.get("height")
-        if not _is_int(h) or not 1 <= h <= MAX_HEIGHT:
-            raise ValueError(f"cmrs: height must be an integer from 1 to {MAX_HEIGHT} "
-                             f"(4 bits of row-in-strip), not {h!r}")
-        gw = params.get("group_width")
-        if gw not in GROUP_WIDTHS or not _is_int(gw):
-            raise ValueError(f"cmrs: group_width must be one of {GROUP_WIDTHS}, not {gw!r}")
-        wg = params.get("work_group_size")
-        if _is_int(wg) and wg >= 1 and wg % gw:
-            raise ValueError(f"cmrs: work_group_size must be a multiple of group_width "
-                             f"({gw}), not {wg!r}")
-        if not isinstance(params.get("sort_columns"), (bool, np.bool_)):
-            raise ValueError(f"cmrs: sort_columns must be True or False, not "
-                             f"{params.get('sort_columns')!r}")
-        if params.get("row_in_strip") not in ROW_IN_STRIP:
-            raise ValueError(f"cmrs: row_in_strip must be one of {ROW_IN_STRIP}, not "
-                             f"{params.get('row_in_strip')!r}")
-        if params.get("reduction") not in REDUCTIONS:
-            raise ValueError(f"cmrs: reduction must be 'tree' or 'serial', not "
-                             f"{params.get('reduction')!r}")
-        params = dict(params, height=int(h), group_width=int(gw),
-                      sort_columns=bool(params["sort_columns"]))
-        super().__init__(csr, device, dtype, params)
+    @classmethod
+    def check_params(cls, params, profile):
+        gw, wg = params["group_width"], params["work_group_size"]
+        if wg % gw:
+            raise InvalidParameterError(
+                f"cmrs: work_group_size must be a multiple of group_width ({gw}), not {wg!r}")
 
     @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):
@@ -161,12 +154,51 @@ class CMRS(SpMVFormat):
         heights = [x for x in (max(1, h // 2), min(MAX_HEIGHT, 2 * h)) if x != h]
         return [{}] + [{"height": x} for x in dict.fromkeys(heights)]
 
-    # -- conversion --------------------------------------------------------------------
-    def _convert(self, csr):
-        m, n = csr.shape
-        h = self.params["height"]
-        self.n_strips = -(-m // h)
+    # -- analysis: strips, row-in-strip encoding -------------------------------------------
+    def analyse(self, csr):
+        m, n = self.shape
+        self.n_strips = -(-m // self.params["height"])
         self.nnz_stored = int(csr.nnz)
+        mode = self.params["row_in_strip"]
+        packable = fits_packed(n, self.index_dtype)
+        if mode == "packed" and not packable:
+            raise InvalidParameterError(
+                f"cmrs: {n} columns do not fit in the {row_bits_shift(self.index_dtype)} "
+                f"bits left beside the row-in-strip number: use row_in_strip='separate' "
+                f"or index_bits=64")
+        self.packed = mode == "packed" or (mode == "auto" and packable)
+        self.params["row_in_strip"] = "packed" if self.packed else "separate"
+
+    # -- kernel ---------------------------------------------------------------------------
+    def template_params(self):
+        p = self.params
+        return {"height": p["height"], "group_width": p["group_width"],
+                "packed": self.packed, "row_shift": row_bits_shift(self.index_dtype),
+                "reduction": p["reduction"]}
+
+    def kernel_specs(self):
+        args = (scalar("n_rows", "long"), scalar("n_strips", "long"),
+                matrix("strip_ptr", "index_t"))
+        if self.packed:
+            # The packed words: the index type's unsigned twin (uint / ulong).
+            args += (matrix("col_idx", "u" + c_type(self.index_dtype)),)
+        else:
+            args += (matrix("col_idx", "index_t"), matrix("row_in_strip", "uchar"))
+        args += (matrix("values", "real_t"), *PRODUCT_ARGS)
+        return [KernelSpec("cmrs", args, fixed_group=True)]
+
+    def local_bytes(self, work_group_size):
+        if self.params["group_width"] == 1:
+            return 0  # one work-item per strip: private sums, no local buffer
+        return work_group_size * self.params["height"] * self.dtype.itemsize
+
+    def min_work_group_size(self):
+        return self.params["group_width"]
+
+    # -- conversion --------------------------------------------------------------------
+    def convert(self, csr):
+        m, n = self.shape
+        h = self.params["height"]
         indptr = csr.indptr.astype(np.int64)
         row_lengths = np.diff(indptr)
         # strip_ptr[s] = row_ptr[s * height], strip_ptr[-1] = nnz.
@@ -182,15 +214,6 @@ class CMRS(SpMVFormat):
                 order = np.argsort(key, kind="stable")
                 cols, values, row_in_strip = cols[order], values[order], row_in_strip[order]
 
-        mode = self.params["row_in_strip"]
-        packable = fits_packed(n, self.index_dtype)
-        if mode == "packed" and not packable:
-            raise ValueError(
-                f"cmrs: {n} columns do not fit in the {row_bits_shift(self.index_dtype)} "
-                f"bits left beside the row-in-strip number: use row_in_strip='separate' "
-                f"or index_bits=64")
-        self.packed = mode == "packed" or (mode == "auto" and packable)
-        self.params["row_in_strip"] = "packed" if self.packed else "separate"
         arrays = {"strip_ptr": strip_ptr.astype(self.index_dtype)}
         if self.packed:
             word = np.dtype(self.index_dtype.str.replace("i", "u"))
@@ -203,30 +226,11 @@ class CMRS(SpMVFormat):
         arrays["values"] = values.astype(self.dtype)
         return arrays
 
-    # -- kernel ---------------------------------------------------------------------------
-    def _template_params(self):
-        p = self.params
-        return {"height": p["height"], "group_width": p["group_width"],
-                "packed": self.packed, "row_shift": row_bits_shift(self.index_dtype),
-                "reduction": p["reduction"]}
-
-    def _local_bytes(self, work_group_size):
-        if self.params["group_width"] == 1:
-            return 0  # one work-item per strip: private sums, no local buffer
-        return work_group_size * self.params["height"] * self.dtype.itemsize
-
-    def _min_work_group_size(self):
-        return self.params["group_width"]
-
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        b = self.buffers
-        args = [np.int64(self.shape[0]), np.int64(self.n_strips), b["strip_ptr"],
-                b["col_idx"]]
-        if not self.packed:
-            args.append(b["row_in_strip"])
-        return (*args, b["values"], x_buf, y_buf, alpha, beta)
-
-    def _launch_geometry(self):
+    # -- launching ---------------------------------------------------------------------------
+    def launches(self, beta):
+        if self.n_strips == 0:   # no rows: nothing to launch
+            return []
         wg = self.params["work_group_size"]
-        strips_per_group = wg // self.params["group_width"]
-        return max(1, -(-self.n_strips // strips_per_group)) * wg, wg
+        groups = -(-self.n_strips // (wg // self.params["group_width"]))
+        return [self.step("cmrs", groups * wg, wg, n_rows=self.shape[0],
+                          n_strips=self.n_strips)]

@@ -22,9 +22,11 @@ Two work mappings, both rendered into the kernel:
 
 import numpy as np
 
-from ..errors import IndexOverflowError
-from .base import INT32_LIMIT as _INT32_LIMIT
-from .base import SpMVFormat, pow2_floor
+from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
+from ..errors import IndexOverflowError, InvalidParameterError
+from . import params as P
+from .base import INT32_LIMIT, SpMVFormat, csr_bytes, fits_int32, pow2_floor, skewed_rows
+from .registry import register
 
 SLICE_HEIGHTS = (1, 2, 4, 8, 16, 32, 64)
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64)
@@ -40,10 +42,6 @@ MAPPINGS = ("rows", "slices")
 # (3.1 ms at sigma=1, 4.0 at 8C).  A fixed few-times-C window would lose either way.
 AUTO_SIGMA_SLACK = 1.10
 LADDER_STEP = 8
-
-
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _window(sigma, n_rows):
@@ -114,11 +112,22 @@ def default_threads_per_row(features, profile, slice_height):
 MAX_DEFAULT_GROUP = 256
 
 
+@register
 class SELL(SpMVFormat):
     name = "sell"
+    order = 6
     template = "sell.mako"
-    kernel_name = "sell"
-    param_names = ("slice_height", "sigma", "mapping", "threads_per_row", "work_group_size")
+    params = (
+        P.Param("slice_height", P.one_of(*SLICE_HEIGHTS), "rows per slice (C)"),
+        P.Param("sigma", P.or_words(P.positive_int(), "all", "auto"),
+                "rows per sorting window (σ): 1, a multiple of slice_height, at least the "
+                "row count, 'all' or 'auto' (chosen from the row lengths)"),
+        P.Param("mapping", P.one_of(*MAPPINGS),
+                "'rows' (work-items per row, GPUs) or 'slices' (a work-item per slice, CPUs)"),
+        P.Param("threads_per_row", P.one_of(*THREADS_PER_ROW),
+                "work-items per row (mapping='rows')"),
+        P.work_group_size(),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -154,69 +163,68 @@ class SELL(SpMVFormat):
                        if t != T and features.mean_row_length >= 3 * t]
 
     @classmethod
-    def resolve_params(cls, features, profile, dtype, user_params):
+    def estimate_cost(cls, features, profile, dtype):
+        if not profile.is_cpu and skewed_rows(features):
+            return None, "skewed rows serialise a slice on a GPU"
+        return csr_bytes(features, dtype) * 1.1, None
+
+    @classmethod
+    def resolve_params(cls, features, profile, dtype, given):
         """Defaults of T and the work-group size follow the caller's C and mapping, so
         that setting one parameter never makes the others inconsistent."""
-        params = super().resolve_params(features, profile, dtype, user_params)
-        given = {k for k, v in user_params.items() if v is not None}
-        T = params["threads_per_row"]
-        if ("slice_height" not in given and "threads_per_row" in given and _is_int(T)
-                and params["mapping"] == "rows"):
-            while params["slice_height"] > 1 and params["slice_height"] * T > MAX_DEFAULT_GROUP:
-                params["slice_height"] //= 2  # a slice's C * T work-items must fit a group
-        C, mapping = params["slice_height"], params["mapping"]
-        if "threads_per_row" not in given and C in SLICE_HEIGHTS:
+        params = P.resolve(cls.name, cls.params, cls.default_params(features, profile, dtype),
+                           given)
+        given = {k for k, v in given.items() if v is not None}
+        C, mapping, T = params["slice_height"], params["mapping"], params["threads_per_row"]
+        if "slice_height" not in given and "threads_per_row" in given and mapping == "rows":
+            while C > 1 and C * T > MAX_DEFAULT_GROUP:
+                C //= 2  # a slice's C * T work-items must fit a group
+            params["slice_height"] = C
+        if "threads_per_row" not in given:
             T = 1 if mapping == "slices" else default_threads_per_row(features, profile, C)
-            wg = params["work_group_size"]
-            if "work_group_size" in given and _is_int(wg):
-                while T > 1 and wg % (C * T):  # whole rows of T work-items per group
-                    T //= 2
+            if "work_group_size" in given:
+                while T > 1 and params["work_group_size"] % (C * T):
+                    T //= 2  # whole rows of T work-items per group
             params["threads_per_row"] = T
-        T = params["threads_per_row"]
-        if ("work_group_size" not in given and mapping == "rows" and C in SLICE_HEIGHTS
-                and T in THREADS_PER_ROW):
+        if "work_group_size" not in given and mapping == "rows":
             wg = -(-params["work_group_size"] // (C * T)) * C * T  # whole slices
             params["work_group_size"] = wg if wg <= profile.max_work_group_size else C * T
+        cls.check_params(params, profile)
         return params
 
+    @classmethod
+    def check_params(cls, params, profile):
+        C, T = params["slice_height"], params["threads_per_row"]
+        if params["mapping"] == "slices" and T != 1:
+            raise InvalidParameterError(
+                "sell: threads_per_row > 1 needs mapping='rows' (with mapping='slices' one "
+                "work-item walks a whole slice)")
+        wg = params["work_group_size"]
+        if params["mapping"] == "rows" and wg % (C * T):
+            raise InvalidParameterError(
+                f"sell: with mapping='rows' work_group_size must be a multiple of "
+                f"slice_height * threads_per_row ({C * T}), not {wg!r}")
+
     def __init__(self, csr, device, dtype, params):
-        C = params.get("slice_height")
-        if C not in SLICE_HEIGHTS or not _is_int(C):
-            raise ValueError(f"sell: slice_height must be one of {SLICE_HEIGHTS}, not {C!r}")
-        mapping = params.get("mapping")
-        if mapping not in MAPPINGS:
-            raise ValueError(f"sell: mapping must be 'rows' or 'slices', not {mapping!r}")
-        T = params.get("threads_per_row")
-        if T not in THREADS_PER_ROW or not _is_int(T):
-            raise ValueError(f"sell: threads_per_row must be one of {THREADS_PER_ROW}, "
-                             f"not {T!r}")
-        if mapping == "slices" and T != 1:
-            raise ValueError("sell: threads_per_row > 1 needs mapping='rows' (with "
-                             "mapping='slices' one work-item walks a whole slice)")
-        wg = params.get("work_group_size")
-        if mapping == "rows" and _is_int(wg) and wg % (C * T):
-            raise ValueError(f"sell: with mapping='rows' work_group_size must be a multiple "
-                             f"of slice_height * threads_per_row ({C * T}), not {wg!r}")
-        sigma = params.get("sigma")
-        m = csr.shape[0]
-        if sigma not in ("auto", "all") and not (
-                _is_int(sigma) and sigma >= 1 and (sigma == 1 or sigma % C == 0 or sigma >= m)):
-            raise ValueError(f"sell: sigma must be 1, a multiple of slice_height ({C}), at "
-                             f"least the row count ({m}), 'all' or 'auto', not {sigma!r}")
+        # Whether the caller asked for 32-bit indices (the base keeps only the result):
+        # padding past 32 bits then refuses rather than widening.
         self._index_bits_asked = params.get("index_bits")
         super().__init__(csr, device, dtype, params)
 
-    # -- conversion --------------------------------------------------------------------
-    def _convert(self, csr):
-        m = csr.shape[0]
+    # -- analysis: σ, the permutation, the slices, the index width -------------------------
+    def analyse(self, csr):
+        m = self.shape[0]
         C = self.params["slice_height"]
+        sigma = self.params["sigma"]
+        if sigma not in ("auto", "all") and not (sigma == 1 or sigma % C == 0 or sigma >= m):
+            raise InvalidParameterError(
+                f"sell: sigma must be 1, a multiple of slice_height ({C}), at least the row "
+                f"count ({m}), 'all' or 'auto', not {sigma!r}")
         indptr = csr.indptr.astype(np.int64)
         row_lengths = np.diff(indptr)
-        if self.params["sigma"] == "auto":
-            self.params["sigma"] = auto_sigma(row_lengths, C)
-        elif _is_int(self.params["sigma"]):
-            self.params["sigma"] = int(self.params["sigma"])
-        perm = sort_permutation(row_lengths, self.params["sigma"])
+        if sigma == "auto":
+            self.params["sigma"] = sigma = auto_sigma(row_lengths, C)
+        perm = sort_permutation(row_lengths, sigma)
         self._has_perm = not np.array_equal(perm, np.arange(m))
 
         # Slice widths from the sorted lengths; rows past m (last slice) have length 0.
@@ -227,7 +235,50 @@ class SELL(SpMVFormat):
         slice_ptr = np.zeros(self.n_slices + 1, dtype=np.int64)
         np.cumsum(slice_widths * C, out=slice_ptr[1:])
         self._check_index_width(int(slice_ptr[-1]))
+        self._layout = (indptr, row_lengths, perm, slice_ptr)
 
+    def _check_index_width(self, n_slots):
+        """Padding can push the slot count past 32 bits where nnz alone fits."""
+        if self.index_dtype == np.int64 or fits_int32(n_slots):
+            return
+        if self._index_bits_asked == 32:
+            raise IndexOverflowError(
+                f"sell: the padded slices hold {n_slots} slots, more than 32-bit indices "
+                f"address ({INT32_LIMIT}): use index_bits=64, a larger sigma or a smaller "
+                f"slice_height")
+        self.index_dtype = np.dtype(np.int64)
+        self.params["index_bits"] = 64
+
+    # -- kernel ---------------------------------------------------------------------------
+    def template_params(self):
+        p = self.params
+        return {"slice_height": p["slice_height"], "mapping": p["mapping"],
+                "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm}
+
+    def kernel_specs(self):
+        args = (scalar("n_rows", "long"), scalar("n_slices", "long"),
+                matrix("slice_ptr", "index_t"), matrix("col_idx", "index_t"),
+                matrix("values", "real_t"))
+        if self._has_perm:
+            args += (matrix("perm", "index_t"),)
+        return [KernelSpec("sell", (*args, *PRODUCT_ARGS), fixed_group=True)]
+
+    def local_bytes(self, work_group_size):
+        if self.params["mapping"] == "rows" and self.params["threads_per_row"] > 1:
+            return work_group_size * self.dtype.itemsize
+        return 0
+
+    def min_work_group_size(self):
+        if self.params["mapping"] == "rows":
+            return self.params["slice_height"] * self.params["threads_per_row"]
+        return 1
+
+    # -- conversion --------------------------------------------------------------------
+    def convert(self, csr):
+        indptr, row_lengths, perm, slice_ptr = self._layout
+        del self._layout
+        m = self.shape[0]
+        C = self.params["slice_height"]
         # Entry j of CSR (the k-th of row r) goes to slot slice_ptr[s] + k*C + lane, where
         # position[r] = s*C + lane is where the sort put r; with k = j - indptr[r] that
         # is a per-row base plus j*C.
@@ -247,47 +298,16 @@ class SELL(SpMVFormat):
             arrays["perm"] = perm.astype(self.index_dtype)
         return arrays
 
-    def _check_index_width(self, n_slots):
-        """Padding can push the slot count past 32 bits where nnz alone fits."""
-        if self.index_dtype == np.int64 or n_slots <= _INT32_LIMIT:
-            return
-        if self._index_bits_asked == 32:
-            raise IndexOverflowError(
-                f"sell: the padded slices hold {n_slots} slots, more than 32-bit indices "
-                f"address ({_INT32_LIMIT}): use index_bits=64, a larger sigma or a smaller "
-                f"slice_height")
-        self.index_dtype = np.dtype(np.int64)
-        self.params["index_bits"] = 64
-
-    # -- kernel ---------------------------------------------------------------------------
-    def _template_params(self):
-        p = self.params
-        return {"slice_height": p["slice_height"], "mapping": p["mapping"],
-                "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm}
-
-    def _local_bytes(self, work_group_size):
-        if self.params["mapping"] == "rows" and self.params["threads_per_row"] > 1:
-            return work_group_size * self.dtype.itemsize
-        return 0
-
-    def _min_work_group_size(self):
-        if self.params["mapping"] == "rows":
-            return self.params["slice_height"] * self.params["threads_per_row"]
-        return 1
-
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        b = self.buffers
-        args = [np.int64(self.shape[0]), np.int64(self.n_slices),
-                b["slice_ptr"], b["col_idx"], b["values"]]
-        if self._has_perm:
-            args.append(b["perm"])
-        return (*args, x_buf, y_buf, alpha, beta)
-
-    def _launch_geometry(self):
+    # -- launching ---------------------------------------------------------------------------
+    def launches(self, beta):
+        if self.n_slices == 0:   # no rows: nothing to launch
+            return []
         wg = self.params["work_group_size"]
         if self.params["mapping"] == "rows":
             slices_per_group = wg // (self.params["slice_height"]
                                       * self.params["threads_per_row"])
         else:
             slices_per_group = wg
-        return max(1, -(-self.n_slices // slices_per_group)) * wg, wg
+        groups = -(-self.n_slices // slices_per_group)
+        return [self.step("sell", groups * wg, wg, n_rows=self.shape[0],
+                          n_slices=self.n_slices)]
