@@ -201,8 +201,10 @@ class SpMVFormat:
         self.dtype = np.dtype(dtype)
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.params = dict(params)
+        #: What the caller asked for (None: the default), before the choice below.
+        self.index_bits_asked = self.params.pop("index_bits", None)
         self.index_dtype = choose_index_dtype(self.shape[0], self.shape[1], csr.nnz,
-                                              self.params.pop("index_bits", None))
+                                              self.index_bits_asked)
         self.params["index_bits"] = self.index_dtype.itemsize * 8
         self.analyse(csr)
         self.kernels = {}

@@ -205,12 +205,6 @@ class SELL(SpMVFormat):
                 f"sell: with mapping='rows' work_group_size must be a multiple of "
                 f"slice_height * threads_per_row ({C * T}), not {wg!r}")
 
-    def __init__(self, csr, device, dtype, params):
-        # Whether the caller asked for 32-bit indices (the base keeps only the result):
-        # padding past 32 bits then refuses rather than widening.
-        self._index_bits_asked = params.get("index_bits")
-        super().__init__(csr, device, dtype, params)
-
     # -- analysis: σ, the permutation, the slices, the index width -------------------------
     def analyse(self, csr):
         m = self.shape[0]
@@ -241,7 +235,7 @@ class SELL(SpMVFormat):
         """Padding can push the slot count past 32 bits where nnz alone fits."""
         if self.index_dtype == np.int64 or fits_int32(n_slots):
             return
-        if self._index_bits_asked == 32:
+        if self.index_bits_asked == 32:
             raise IndexOverflowError(
                 f"sell: the padded slices hold {n_slots} slots, more than 32-bit indices "
                 f"address ({INT32_LIMIT}): use index_bits=64, a larger sigma or a smaller "
