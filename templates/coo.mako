@@ -30,18 +30,7 @@ typedef ${pos_t} pos_t;
 #define PHYS(start, lid, k) ((start) + (pos_t)(lid) * T + (k))
 % endif
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void coo_chunks(const pos_t nnz,
-                const index_t n_rows,
-                __global const index_t *restrict rows,
-                __global const index_t *restrict cols,
-                __global const real_t *restrict values,
-                __global const real_t *restrict x,
-                __global real_t *restrict y,
-                __global index_t *restrict carry_rows,
-                __global real_t *restrict carry_values,
-                const real_t alpha,
-                const real_t beta)
+${signature("coo_chunks")}
 {
     __local index_t head_row[WG];
     __local index_t tail_row[WG];
@@ -154,12 +143,7 @@ ${c.store_y("cur", "v")}
     }
 }
 
-__kernel void coo_carries(const ulong n_carries,
-                          __global const index_t *restrict carry_rows,
-                          __global const real_t *restrict carry_values,
-                          __global real_t *restrict y,
-                          const real_t alpha,
-                          const real_t beta)
+${signature("coo_carries")}
 {
     const size_t i = get_global_id(0);
     if (i >= n_carries)
@@ -173,10 +157,7 @@ __kernel void coo_carries(const ulong n_carries,
 ${c.store_y("row", "sum")}
 }
 
-__kernel void coo_empty_rows(const ulong n_empty,
-                             __global const index_t *restrict empty_rows,
-                             __global real_t *restrict y,
-                             const real_t beta)
+${signature("coo_empty_rows")}
 {
     const size_t i = get_global_id(0);
     if (i < n_empty) {

@@ -5,16 +5,7 @@
 ## multiplying x by a padding value.
 ${c.preamble()}
 
-__kernel __attribute__((reqd_work_group_size(${work_group_size}, 1, 1)))
-void ell(const long n_rows,
-         const long stride,
-         const long width,
-         __global const index_t *restrict col_idx,
-         __global const real_t *restrict values,
-         __global const real_t *restrict x,
-         __global real_t *restrict y,
-         const real_t alpha,
-         const real_t beta)
+${signature("ell")}
 {
     const long row = get_global_id(0);
     if (row < n_rows) {

@@ -1,8 +1,9 @@
 """``ell``: the column-major layout read back (sentinel -1 padding, aligned stride),
-``ell_arrays`` as hyb reuses it, the ELL class driven directly as hyb's ELL part
-(``max_padding=None``, accumulating into y), work-group sizes and GPU-shaped profiles,
-padding that must not touch x (Inf/NaN), refusals with their numbers and the 1 MiB
-floor, stencils/banded matrices accepted, footprint and parameter validation."""
+``ell_arrays`` as hyb reuses it, the ELL class driven directly on a CSR cut to K
+entries per row (``max_padding=None``, accumulating into y), work-group sizes and
+GPU-shaped profiles, padding that must not touch x (Inf/NaN), refusals with their
+numbers and the 1 MiB floor, stencils/banded matrices accepted, footprint and parameter
+validation."""
 
 import numpy as np
 import pyopencl.array as cla
@@ -165,13 +166,14 @@ def test_device_memory_refusal(device, rng):
         psc.SpMV(A, format="ell", device=small, dtype=np.float32)
 
 
-# ------------------------------------------------------------------------ hyb's ELL part
+# ------------------------------------------------------------------------ ELL driven directly
 
 
 @with_dtypes
 def test_class_as_hyb_ell_part(dtype, device, rng):
     """Build ELL directly on a CSR cut to K entries per row with max_padding=None (no
-    refusal, however uneven), then accumulate into y with beta=1 as hyb does."""
+    refusal, however uneven), then accumulate into y with beta=1 (as hyb's ELL part
+    does with the same kernel)."""
     skip_without_fp64(device, dtype)
     lengths = rng.integers(0, 6, 50000)
     lengths[:47000] = 0
@@ -188,7 +190,7 @@ def test_class_as_hyb_ell_part(dtype, device, rng):
     y0 = rng.standard_normal(50000)
     x_d = cla.to_device(queue, x.astype(dtype))
     y_d = cla.to_device(queue, y0.astype(dtype))
-    ell.kernel()
+    assert set(ell.kernels) == {"ell"}  # built with the object
     event = ell.enqueue(queue, x_d.data, y_d.data, 2.0, 1.0)
     event.wait()
     check_against_scipy(y_d.get(), A, x, dtype, 2.0, 1.0, y0.astype(dtype))

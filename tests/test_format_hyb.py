@@ -191,14 +191,14 @@ def test_nbytes(width, index_bits, device, rng):
                   index_bits=index_bits)
     impl = op._impl
     isz, rsz = index_bits // 8, 8
-    slots = impl.ell.width * impl.ell.stride
+    slots = impl.width * impl.stride
     coo_nnz = op.params["coo_nnz"]
     chunk = op.params["coo_work_group_size"] * op.params["items_per_thread"]
     groups = -(-coo_nnz // chunk)
     stored = groups * chunk if op.params["layout"] == "interleaved" else coo_nnz
     expected = slots * (isz + rsz) + stored * (2 * isz + rsz) + 2 * groups * (isz + rsz)
     assert op.nbytes == expected
-    assert impl.ell.width == min(width, lengths.max())
+    assert impl.width == min(width, lengths.max())
 
 
 @with_dtypes

@@ -4,14 +4,29 @@ fixed-size chunks of non-zeros (Bell & Garland's COO kernel): each work-group ta
 whatever the row lengths.  Rows crossing work-groups leave carries that a second
 kernel adds up in order: no float atomics, no group waits on another, deterministic.
 
-:class:`COOPart` is the device side (arrays, kernels, launches) that ``hyb`` reuses for
-its COO remainder.
+:class:`COOPart` is the COO piece (analysis, program, arrays, scratch, launches) that
+``coo`` and ``hyb`` (its COO remainder) compose; the format around it builds, uploads
+and allocates.
 """
 
 import numpy as np
-import pyopencl as cl
 
-from .base import Launch, SpMVFormat, pow2_floor
+from ..codegen import (
+    ALPHA_ARG,
+    BETA_ARG,
+    X_ARG,
+    Y_ARG,
+    KernelSpec,
+    c_type,
+    matrix,
+    scalar,
+    scratch,
+)
+from ..errors import InvalidParameterError
+from . import params as P
+from .base import SpMVFormat, pow2_floor, round_up
+from .builder import ProgramSpec
+from .registry import register
 
 LAYOUTS = ("interleaved", "contiguous")
 SCANS = ("tree", "serial")
@@ -23,6 +38,31 @@ CPU_WORK_GROUP_SIZE = 8
 MAX_INTERLEAVED_CHUNK = 2**20
 # Work-items per launch of the small carry and empty-row kernels.
 AUX_WORK_GROUP_SIZE = 64
+# Chunk positions inside coo_chunks run up to nnz + 2 chunks (the start of the last
+# chunk plus the item offsets), exactly: 32-bit positions up to this bound.
+POS_LIMIT = 2**31 - 1
+
+#: The kernels of templates/coo.mako.
+COO_KERNELS = (
+    KernelSpec("coo_chunks", (
+        scalar("nnz", "pos_t"), scalar("n_rows", "index_t"), matrix("rows", "index_t"),
+        matrix("cols", "index_t"), matrix("values", "real_t"), X_ARG, Y_ARG,
+        scratch("carry_rows", "index_t"), scratch("carry_values", "real_t"), ALPHA_ARG,
+        BETA_ARG), fixed_group=True),
+    KernelSpec("coo_carries", (
+        scalar("n_carries", "ulong"), scratch("carry_rows", "index_t"),
+        scratch("carry_values", "real_t"), Y_ARG, ALPHA_ARG, BETA_ARG)),
+    KernelSpec("coo_empty_rows", (
+        scalar("n_empty", "ulong"), matrix("empty_rows", "index_t"), Y_ARG, BETA_ARG)),
+)
+
+#: The chunk geometry parameters (``hyb`` declares them too, optional there).
+ITEMS_PER_THREAD = P.Param("items_per_thread", P.positive_int(),
+                           "consecutive non-zeros each work-item reduces")
+LAYOUT = P.Param("layout", P.one_of(*LAYOUTS),
+                 "'interleaved' (coalesced, GPUs) or 'contiguous' (one run per work-item)")
+SCAN = P.Param("scan", P.one_of(*SCANS),
+               "'tree' (log2 steps, GPUs) or 'serial' (one work-item, CPUs)")
 
 
 def default_coo_params(nnz, profile, dtype):
@@ -45,21 +85,15 @@ def default_coo_params(nnz, profile, dtype):
             "layout": "contiguous", "scan": "serial"}
 
 
-def check_coo_params(name, params):
-    items = params.get("items_per_thread")
-    if not isinstance(items, (int, np.integer)) or isinstance(items, bool) or items < 1:
-        raise ValueError(f"{name}: items_per_thread must be a positive integer, not {items!r}")
-    params["items_per_thread"] = int(items)
-    if params.get("layout") not in LAYOUTS:
-        raise ValueError(f"{name}: layout must be one of {LAYOUTS}, not {params.get('layout')!r}")
-    if params.get("scan") not in SCANS:
-        raise ValueError(f"{name}: scan must be one of {SCANS}, not {params.get('scan')!r}")
-    wg = params.get("work_group_size")
-    chunk = items * wg if isinstance(wg, (int, np.integer)) else items
-    if params["layout"] == "interleaved" and chunk > MAX_INTERLEAVED_CHUNK:
-        raise ValueError(f"{name}: the interleaved layout pads the last chunk to "
-                         f"work_group_size * items_per_thread = {chunk} entries; keep it at "
-                         f"most {MAX_INTERLEAVED_CHUNK} or use layout='contiguous'")
+def check_chunk(name, work_group_size, items_per_thread, layout):
+    """The interleaved layout pads the last chunk: refuse chunks over
+    MAX_INTERLEAVED_CHUNK entries with it."""
+    chunk = work_group_size * items_per_thread
+    if layout == "interleaved" and chunk > MAX_INTERLEAVED_CHUNK:
+        raise InvalidParameterError(
+            f"{name}: the interleaved layout pads the last chunk to work_group_size * "
+            f"items_per_thread = {chunk} entries; keep it at most {MAX_INTERLEAVED_CHUNK} "
+            f"or use layout='contiguous'")
 
 
 def coo_local_bytes(work_group_size, index_dtype, dtype):
@@ -67,60 +101,85 @@ def coo_local_bytes(work_group_size, index_dtype, dtype):
 
 
 class COOPart:
-    """Sorted COO arrays of a CSR matrix and the kernels that multiply them.
+    """The COO piece of a format: sorted COO arrays of a CSR matrix and the launches
+    that multiply them.  It builds and allocates nothing: its ``owner`` (the format)
+    builds :meth:`program`, uploads :meth:`host_arrays`, allocates
+    :meth:`scratch_sizes` and launches :meth:`steps`.
 
-    ``owner`` is the SpMVFormat whose device, dtype, index type and ``build_kernels``
-    are used; ``params`` holds work_group_size, items_per_thread, layout and scan
-    (work_group_size may shrink when the kernels are built, before the arrays are laid
-    out).  With ``empty_rows=False`` rows without non-zeros are left untouched, which
-    suits adding into a y that another part has already written (``beta == 1``)."""
+    The chunk geometry is read from ``owner.params``: ``items_per_thread``, ``layout``,
+    ``scan`` and the work-group size under ``group_param`` (read when needed: the
+    build may shrink it, before the arrays are laid out).  Array and scratch names
+    carry ``prefix``.  With ``empty_rows=False`` rows without non-zeros are left
+    untouched, which suits adding into a y that another part has already written
+    (``beta == 1``)."""
 
-    def __init__(self, owner, csr, params, *, prefix="", empty_rows=True):
+    def __init__(self, owner, *, group_param="work_group_size", prefix="", empty_rows=True):
         self.owner = owner
+        self.group_param = group_param
         self.prefix = prefix
-        self.params = params
-        self.n_rows = csr.shape[0]
+        self.empty_rows = empty_rows
+
+    # -- analysis ------------------------------------------------------------------------
+    def analyse(self, csr):
+        """Counts and the position type (before the build: the kernel source uses it)."""
+        self.n_rows = int(csr.shape[0])
         self.nnz = int(csr.nnz)
         self.row_lengths = np.diff(csr.indptr)
-        self.n_empty = int(np.count_nonzero(self.row_lengths == 0)) if empty_rows else 0
-        self.kernels = {}
-        if self.nnz or self.n_empty:
-            self._build()
-        wg, items = self.params["work_group_size"], self.params["items_per_thread"]
-        self.chunk = wg * items
-        self.n_groups = -(-self.nnz // self.chunk)
-        self._csr = csr
+        self.n_empty = (int(np.count_nonzero(self.row_lengths == 0)) if self.empty_rows
+                        else 0)
+        self.pos_dtype = self._pos_dtype(self.work_group_size * self.items_per_thread)
 
     def _pos_dtype(self, chunk):
-        # Positions run up to nnz + CHUNK inside the kernel (start of the last chunk plus
-        # the item offsets): 32 bits while that fits.
-        owner = self.owner
-        if owner.index_dtype == np.int64 or self.nnz + 2 * chunk > 2**31 - 1:
+        # Positions run up to nnz + 2 chunks inside the kernel: 32 bits while that fits.
+        if self.owner.index_dtype == np.int64 or self.nnz + 2 * chunk > POS_LIMIT:
             return np.dtype(np.int64)
         return np.dtype(np.int32)
 
-    def _build(self):
-        from .. import codegen
+    @property
+    def work_group_size(self):
+        return self.owner.params[self.group_param]
 
-        p = self.params
-        self.pos_dtype = self._pos_dtype(p["work_group_size"] * p["items_per_thread"])
-        kernels, wg = self.owner.build_kernels(
-            "coo.mako", ["coo_chunks", "coo_carries", "coo_empty_rows"], p["work_group_size"],
-            items_per_thread=p["items_per_thread"], layout=p["layout"], scan=p["scan"],
-            pos_t=codegen.c_type(self.pos_dtype))
-        p["work_group_size"] = wg
-        self.kernels = kernels
+    @property
+    def items_per_thread(self):
+        return self.owner.params["items_per_thread"]
 
-    def host_arrays(self):
+    @property
+    def chunk(self):
+        return self.work_group_size * self.items_per_thread
+
+    @property
+    def n_groups(self):
+        return -(-self.nnz // self.chunk)
+
+    @property
+    def active(self):
+        """Whether there is anything to launch (non-zeros, or empty rows to scale)."""
+        return bool(self.nnz or self.n_empty)
+
+    # -- program -------------------------------------------------------------------------
+    def program(self):
+        p = self.owner.params
+        return ProgramSpec("coo.mako", COO_KERNELS, {
+            "items_per_thread": p["items_per_thread"], "layout": p["layout"],
+            "scan": p["scan"], "pos_t": c_type(self.pos_dtype)}, group_param=self.group_param)
+
+    def type_names(self):
+        return {"pos_t": self.pos_dtype}
+
+    def local_bytes(self, work_group_size):
+        return coo_local_bytes(work_group_size, self.owner.index_dtype, self.owner.dtype)
+
+    # -- arrays --------------------------------------------------------------------------
+    def host_arrays(self, csr):
         """rows, cols, values in chunk layout (the interleaved layout pads the last
-        chunk; padding is never read) and the list of empty rows."""
-        csr, owner, p = self._csr, self.owner, self.params
+        chunk; padding is never read) and the list of empty rows, names prefixed."""
+        owner, p = self.owner, self.owner.params
         idx = owner.index_dtype
         rows = np.repeat(np.arange(self.n_rows, dtype=idx), self.row_lengths)
         cols = csr.indices.astype(idx, copy=False)
         values = csr.data.astype(owner.dtype, copy=False)
         if p["layout"] == "interleaved" and self.nnz:
-            wg, items = p["work_group_size"], p["items_per_thread"]
+            wg, items = self.work_group_size, self.items_per_thread
             pad = self.n_groups * self.chunk - self.nnz
             arrays = []
             for a, fill in ((rows, rows[-1]), (cols, 0), (values, 0)):
@@ -131,68 +190,76 @@ class COOPart:
         out = {"rows": rows, "cols": cols, "values": values}
         if self.n_empty:
             out["empty_rows"] = np.flatnonzero(self.row_lengths == 0).astype(idx)
-        del self._csr
+        del self.row_lengths
         return {self.prefix + k: v for k, v in out.items()}
 
-    def allocate_carries(self):
-        """Scratch for the two carries per group; returns its size in bytes."""
-        n = max(1, 2 * self.n_groups)
-        ctx, rw = self.owner.device.context, cl.mem_flags.READ_WRITE
-        index_size, real_size = self.owner.index_dtype.itemsize, self.owner.dtype.itemsize
-        self.carry_rows = cl.Buffer(ctx, rw, n * index_size)
-        self.carry_values = cl.Buffer(ctx, rw, n * real_size)
-        return 2 * self.n_groups * (index_size + real_size)
+    def scratch_sizes(self):
+        """The two carries (row, value) per group, names prefixed."""
+        n = 2 * self.n_groups
+        return {self.prefix + "carry_rows": n * self.owner.index_dtype.itemsize,
+                self.prefix + "carry_values": n * self.owner.dtype.itemsize}
 
-    def launches(self, buffers, x_buf, y_buf, alpha, beta):
+    # -- launches ------------------------------------------------------------------------
+    def steps(self, beta, *, accumulate=False):
         """The launches of y = alpha * A @ x + beta * y over this part's rows (none when
-        there is nothing to do)."""
-        b = {k[len(self.prefix):]: v for k, v in buffers.items() if k.startswith(self.prefix)}
-        out = []
-        if self.n_empty and beta != 1:
-            out.append(Launch(self.kernels["coo_empty_rows"],
-                              (np.uint64(self.n_empty), b["empty_rows"], y_buf, beta),
-                              _round_up(self.n_empty), AUX_WORK_GROUP_SIZE))
+        there is nothing to do); ``accumulate``: y += alpha * A @ x whatever the
+        product's beta (the part adds into a y another part has written)."""
+        owner, out = self.owner, []
+        values = {"beta": owner.dtype.type(1)} if accumulate else {}
+        if self.n_empty and beta != 1 and not accumulate:
+            out.append(owner.step("coo_empty_rows", round_up(self.n_empty, AUX_WORK_GROUP_SIZE),
+                                  AUX_WORK_GROUP_SIZE, prefix=self.prefix,
+                                  n_empty=self.n_empty))
         if self.nnz:
-            wg = self.params["work_group_size"]
-            out.append(Launch(self.kernels["coo_chunks"], (
-                self.pos_dtype.type(self.nnz), self.owner.index_dtype.type(self.n_rows),
-                b["rows"], b["cols"], b["values"], x_buf, y_buf,
-                self.carry_rows, self.carry_values, alpha, beta), self.n_groups * wg, wg))
+            wg = self.work_group_size
+            out.append(owner.step("coo_chunks", self.n_groups * wg, wg, prefix=self.prefix,
+                                  nnz=self.nnz, n_rows=self.n_rows, **values))
             n_carries = 2 * self.n_groups
-            out.append(Launch(self.kernels["coo_carries"], (
-                np.uint64(n_carries), self.carry_rows, self.carry_values, y_buf, alpha, beta),
-                _round_up(n_carries), AUX_WORK_GROUP_SIZE))
+            out.append(owner.step("coo_carries", round_up(n_carries, AUX_WORK_GROUP_SIZE),
+                                  AUX_WORK_GROUP_SIZE, prefix=self.prefix,
+                                  n_carries=n_carries, **values))
         return out
 
 
-def _round_up(n):
-    return -(-n // AUX_WORK_GROUP_SIZE) * AUX_WORK_GROUP_SIZE
-
-
+@register
 class COO(SpMVFormat):
     name = "coo"
+    order = 2
     template = "coo.mako"
-    param_names = ("work_group_size", "items_per_thread", "layout", "scan")
+    params = (P.work_group_size(), ITEMS_PER_THREAD, LAYOUT, SCAN)
 
     @classmethod
     def default_params(cls, features, profile, dtype):
         return default_coo_params(features.nnz, profile, dtype)
 
-    def __init__(self, csr, device, dtype, params):
-        check_coo_params(self.name, params)
-        super().__init__(csr, device, dtype, params)
-        self.nbytes += self.part.allocate_carries()
+    @classmethod
+    def check_params(cls, params, profile):
+        check_chunk(cls.name, params["work_group_size"], params["items_per_thread"],
+                    params["layout"])
 
-    def _local_bytes(self, work_group_size):
-        return coo_local_bytes(work_group_size, self.index_dtype, self.dtype)
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        v, i = np.dtype(dtype).itemsize, 4
+        return max(features.nnz, 1) * (v + 2 * i) / 0.7, None
 
-    def _convert(self, csr):
-        # Kernels first: a work-group size the device shrinks changes the layout.
-        self.part = COOPart(self, csr, self.params)
-        return self.part.host_arrays()
+    def analyse(self, csr):
+        self.part = COOPart(self)
+        self.part.analyse(csr)
 
-    def kernel(self):
-        return self.part.kernels
+    def programs(self):
+        return [self.part.program()] if self.part.active else []
 
-    def launches(self, x_buf, y_buf, alpha, beta):
-        return self.part.launches(self.buffers, x_buf, y_buf, alpha, beta)
+    def local_bytes(self, work_group_size):
+        return self.part.local_bytes(work_group_size)
+
+    def type_names(self):
+        return self.part.type_names()
+
+    def convert(self, csr):
+        return self.part.host_arrays(csr)
+
+    def scratch_sizes(self):
+        return self.part.scratch_sizes()
+
+    def launches(self, beta):
+        return self.part.steps(beta)

@@ -22,21 +22,30 @@ Host API reused by ``hyb`` (stable):
     of a CSR matrix holding at most ``width`` entries per row (ValueError otherwise);
     entries in their CSR order (duplicates and explicit zeros kept), padding slots
     ``col_idx == -1``, ``values == 0``.
-``ELL(csr, device, dtype, params)``
-    The format class; ``params`` as ``ELL.resolve_params(...)`` returns them:
-    ``work_group_size`` and ``max_padding`` (``None`` or ``inf``: never refuse for
-    padding, for a CSR already cut to ``K`` entries per row; through ``SpMV`` pass
-    ``max_padding=float("inf")``, since ``None`` there means the default), plus
-    optional ``index_bits``.  ``enqueue(queue, x_buf, y_buf, alpha, beta, wait_for)``
-    computes ``y = alpha * A_ell @ x + beta * y``; ``width``, ``stride`` and ``nbytes``
-    describe the arrays.
+``ell_layout(csr, profile) -> (width, row_align, stride)``
+    The longest row, the SIMD alignment of the columns and the stride.
+``ELL_KERNEL``
+    The ``ell`` kernel's arguments (``templates/ell.mako``): ``n_rows``, ``stride``,
+    ``width`` (scalars), ``col_idx``, ``values`` (matrix arrays), x, y, alpha, beta.
+
+Also used by ``dia`` and ``ellr-t``: ``SMALL_BYTES``, ``check_padding``, ``row_slots``,
+``DEFAULT_MAX_PADDING``, ``validate_max_padding`` (the ``MAX_PADDING`` parameter's check).
+
+``ELL(csr, device, dtype, params)`` can be built directly with ``params`` as
+``ELL.resolve_params(...)`` returns them, or with ``max_padding=None`` (never refuse for
+padding, for a CSR already cut to ``K`` entries per row); through ``SpMV`` pass
+``max_padding=float("inf")``, since ``None`` there means the default.  ``width``,
+``stride`` and ``nbytes`` describe the arrays.
 """
 
 import math
+import numbers
 
 import numpy as np
 
+from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
 from ..errors import FormatNotSuitableError
+from . import params as P
 from .base import (
     SpMVFormat,
     format_bytes,
@@ -44,11 +53,18 @@ from .base import (
     pow2_floor,
     row_per_item_work_group_size,
 )
+from .registry import register
 
 DEFAULT_MAX_PADDING = 20.0
 # Arrays this small are always accepted, whatever their padding ratio: tiny or odd
 # matrices (one dense row, 1 x 3000) still work, and cost next to nothing.
 SMALL_BYTES = 1 << 20
+ADVICE = "hyb, ellr-t or csr-vector"
+
+#: The ``ell`` kernel of templates/ell.mako.
+ELL_KERNEL = KernelSpec("ell", (scalar("n_rows", "long"), scalar("stride", "long"),
+                                scalar("width", "long"), matrix("col_idx", "index_t"),
+                                matrix("values", "real_t"), *PRODUCT_ARGS), fixed_group=True)
 
 
 def ell_stride(n_rows, row_align):
@@ -64,6 +80,15 @@ def row_slots(csr):
     position = np.arange(rows.size, dtype=np.int64) - (csr.indptr[:-1].astype(np.int64)[rows]
                                                        - int(csr.indptr[0]))
     return rows, position, lengths
+
+
+def ell_layout(csr, profile):
+    """(width, row_align, stride) of ``csr``'s ELL arrays on a device with ``profile``:
+    the longest row, the SIMD width (a power of two) and the row count aligned to it."""
+    m = csr.shape[0]
+    row_align = pow2_floor(max(1, profile.simd_width))
+    width = int(np.diff(csr.indptr).max(initial=0)) if m else 0
+    return width, row_align, ell_stride(m, row_align)
 
 
 def ell_arrays(csr, width, row_align, index_dtype, dtype):
@@ -100,20 +125,36 @@ def check_padding(name, slots, nnz, sizes, max_padding, advice, profile, what):
             f"{profile.name} can hold; use {advice}")
 
 
-def validate_max_padding(name, value):
-    if value is None or value == math.inf:
+def _max_padding(value):
+    """A number >= 1 (as a float), or None / inf: no limit (normalised to None)."""
+    if value is None or (isinstance(value, numbers.Real) and value == math.inf):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
-        raise ValueError(f"{name}: max_padding must be a number >= 1, None or inf "
-                         f"(no limit), not {value!r}")
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
+            or not value >= 1):
+        raise P.Invalid(_max_padding.what)
     return float(value)
 
 
+_max_padding.what = "a number >= 1, None or inf (no limit)"
+
+#: The ``max_padding`` parameter of the ELL family (ell, ellr-t).
+MAX_PADDING = P.Param("max_padding", _max_padding,
+                      "refuse when the padded arrays exceed this many slots per non-zero "
+                      "(None or inf: never)")
+
+
+def validate_max_padding(name, value):
+    """``value`` as a float >= 1, or None for no limit (None or inf); InvalidParameterError
+    (a ValueError) otherwise.  The check of :data:`MAX_PADDING`."""
+    return MAX_PADDING.validate(name, value)
+
+
+@register
 class ELL(SpMVFormat):
     name = "ell"
+    order = 4
     template = "ell.mako"
-    kernel_name = "ell"
-    param_names = ("work_group_size", "max_padding")
+    params = (P.work_group_size(), MAX_PADDING)
     may_refuse = True
 
     @classmethod
@@ -121,30 +162,36 @@ class ELL(SpMVFormat):
         return {"work_group_size": row_per_item_work_group_size(profile),
                 "max_padding": DEFAULT_MAX_PADDING}
 
-    def __init__(self, csr, device, dtype, params):
-        params = dict(params)
-        params["max_padding"] = validate_max_padding(self.name, params.get("max_padding"))
-        super().__init__(csr, device, dtype, params)
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        """The padded arrays' bytes at 90% efficiency; not worth timing past the
+        tuner's padding limit."""
+        from ..tuning.tuner import MAX_PADDING as TUNING_MAX_PADDING
 
-    def _convert(self, csr):
-        m = csr.shape[0]
-        self.row_align = pow2_floor(max(1, self.profile.simd_width))
-        self.stride = ell_stride(m, self.row_align)
-        self.width = int(np.diff(csr.indptr).max(initial=0)) if m else 0
+        v, i = np.dtype(dtype).itemsize, 4
+        m, nnz = features.n_rows, max(features.nnz, 1)
+        padding = features.max_row_length * m / nnz
+        if padding > TUNING_MAX_PADDING:
+            return None, f"padding {padding:.1f}x > {TUNING_MAX_PADDING:g}"
+        return m * features.max_row_length * (v + i) / 0.9, None
+
+    def analyse(self, csr):
+        # Refuse before building anything.
+        self.width, self.row_align, self.stride = ell_layout(csr, self.profile)
         slots = self.width * self.stride
         check_padding(self.name, slots, csr.nnz,
                       [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize],
-                      self.params["max_padding"], "hyb, ellr-t or csr-vector", self.profile,
-                      "ELL")
+                      self.params.get("max_padding"), ADVICE, self.profile, "ELL")
+
+    def kernel_specs(self):
+        return [ELL_KERNEL]
+
+    def convert(self, csr):
         col_idx, values = ell_arrays(csr, self.width, self.row_align, self.index_dtype,
                                      self.dtype)
         return {"col_idx": col_idx, "values": values}
 
-    def _kernel_args(self, x_buf, y_buf, alpha, beta):
-        b = self.buffers
-        return (np.int64(self.shape[0]), np.int64(self.stride), np.int64(self.width),
-                b["col_idx"], b["values"], x_buf, y_buf, alpha, beta)
-
-    def _launch_geometry(self):
+    def launches(self, beta):
         wg = self.params["work_group_size"]
-        return launch_rows(self.shape[0], wg, wg)
+        return [self.step("ell", *launch_rows(self.shape[0], wg, wg), n_rows=self.shape[0],
+                          stride=self.stride, width=self.width)]

@@ -1,6 +1,8 @@
 """``hyb``: hybrid ELL + COO (Bell & Garland, section 3.4).  The first ``K`` entries of
 every row go to an ELL part (``ell``'s arrays and kernel), the rest of the longer rows
-to a COO part (``coo``'s segmented reduction).  Two launches: ELL computes
+to a COO part (``coo``'s segmented reduction: :class:`~.coo.COOPart`).  Two programs
+(``ell.mako`` with ``work_group_size``, ``coo.mako`` with ``coo_work_group_size``); the
+ELL arrays are named ``ell_*``, the COO ones ``coo_*``.  Launches: ELL computes
 ``y = alpha*A_ell@x + beta*y`` for every row (with ``K == 0`` it only scales y), then
 COO adds ``alpha*A_coo@x`` (beta = 1: rows without COO entries are not touched).
 HYB never refuses a matrix.
@@ -22,9 +24,12 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from .base import SpMVFormat
-from .coo import COOPart, check_coo_params, coo_local_bytes, default_coo_params
-from .ell import ELL, row_slots
+from . import params as P
+from .base import SpMVFormat, csr_bytes, launch_rows
+from .builder import ProgramSpec
+from .coo import ITEMS_PER_THREAD, LAYOUT, SCAN, COOPart, check_chunk, default_coo_params
+from .ell import ELL, ELL_KERNEL, check_padding, ell_arrays, ell_layout, row_slots
+from .registry import register
 
 RELATIVE_SPEED = 3.0
 BREAKEVEN_THRESHOLD = 4096
@@ -59,16 +64,23 @@ def split_csr(csr, width):
     return parts
 
 
-def _check_int(name, key, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name}: {key} must be an integer >= {low}, not {value!r}")
-    return int(value)
-
-
+@register
 class HYB(SpMVFormat):
     name = "hyb"
-    param_names = ("ell_width", "relative_speed", "breakeven_threshold", "work_group_size",
-                   "coo_work_group_size") + COO_KEYS
+    order = 7
+    params = (
+        P.Param("ell_width", P.optional(P.integer(0)),
+                "K, the ELL part's width (None: the Bell & Garland / CUSP rule)"),
+        P.Param("relative_speed", P.number(greater_than=0),
+                "how much faster ELL is taken to be than COO (the rule)"),
+        P.Param("breakeven_threshold", P.integer(0),
+                "rows that must hold K entries or more (the rule)"),
+        P.work_group_size("work-items per work-group of the ELL part"),
+        P.Param("coo_work_group_size", P.optional(P.positive_int()),
+                "work-items per work-group of the COO part (None: coo's default for its nnz)"),
+        *(P.Param(q.name, P.optional(q.check), f"{q.doc} (COO part; None: coo's default)")
+          for q in (ITEMS_PER_THREAD, LAYOUT, SCAN)),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -81,19 +93,12 @@ class HYB(SpMVFormat):
         params.update(dict.fromkeys(COO_KEYS))
         return params
 
-    def __init__(self, csr, device, dtype, params):
-        params = dict(params)
-        if params.get("ell_width") is not None:
-            params["ell_width"] = _check_int(self.name, "ell_width", params["ell_width"], 0)
-        speed = params.get("relative_speed")
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
-            raise ValueError(f"{self.name}: relative_speed must be a number > 0, not {speed!r}")
-        params["breakeven_threshold"] = _check_int(
-            self.name, "breakeven_threshold", params.get("breakeven_threshold"), 0)
-        super().__init__(csr, device, dtype, params)
-        self.nbytes += self.ell.nbytes + self.coo.allocate_carries()
+    @classmethod
+    def estimate_cost(cls, features, profile, dtype):
+        return csr_bytes(features, dtype) * 1.2 / 0.7, None
 
-    def _convert(self, csr):
+    # -- analysis ------------------------------------------------------------------------
+    def analyse(self, csr):
         p = self.params
         lengths = np.diff(csr.indptr)
         width = p["ell_width"]
@@ -102,43 +107,49 @@ class HYB(SpMVFormat):
         width = min(width, int(lengths.max(initial=0)))
         ell_csr, coo_csr = split_csr(csr, width)
 
-        # The COO part: defaults for its own nnz, validated like coo's.
+        # The ELL part: K columns of stride rows (never refused for padding).
+        _, self.row_align, self.stride = ell_layout(ell_csr, self.profile)
+        self.width = width
+        slots = self.width * self.stride
+        check_padding(self.name, slots, ell_csr.nnz,
+                      [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize],
+                      None, "csr-vector", self.profile, "ELL")
+
+        # The COO part: coo's defaults for its own nnz, overridden by the caller's values.
         coo_params = default_coo_params(coo_csr.nnz, self.profile, self.dtype)
         if p["coo_work_group_size"] is not None:
             coo_params["work_group_size"] = p["coo_work_group_size"]
-        coo_params.update({k: p[k] for k in COO_KEYS if p[k] is not None})
-        self._check_coo_work_group_size(coo_params)
-        check_coo_params(self.name, coo_params)
-        self.coo = COOPart(self, coo_csr, coo_params, prefix="coo_", empty_rows=False)
+        p["coo_work_group_size"] = coo_params.pop("work_group_size")
+        p.update({k: v for k, v in coo_params.items() if p[k] is None})
+        check_chunk(self.name, p["coo_work_group_size"], p["items_per_thread"], p["layout"])
+        self.coo = COOPart(self, group_param="coo_work_group_size", prefix="coo_",
+                           empty_rows=False)
+        self.check_group_size("coo_work_group_size", self.coo.local_bytes)
+        self.coo.analyse(coo_csr)
+        p.update(ell_width=self.width, ell_nnz=int(ell_csr.nnz), coo_nnz=int(coo_csr.nnz))
+        self._parts = (ell_csr, coo_csr)
 
-        self.ell = ELL(ell_csr, self.device, self.dtype,
-                       {"work_group_size": p["work_group_size"], "max_padding": None,
-                        "index_bits": p["index_bits"]})
-        p.update(ell_width=self.ell.width, ell_nnz=int(ell_csr.nnz), coo_nnz=int(coo_csr.nnz),
-                 coo_work_group_size=coo_params["work_group_size"],
-                 **{k: coo_params[k] for k in COO_KEYS})
-        return self.coo.host_arrays()
+    def programs(self):
+        ell = ProgramSpec("ell.mako", (ELL_KERNEL,))
+        return [ell, self.coo.program()] if self.coo.active else [ell]
 
-    def _check_coo_work_group_size(self, coo_params):
-        wg = coo_params["work_group_size"]
-        if isinstance(wg, bool) or not isinstance(wg, (int, np.integer)) or wg < 1:
-            raise ValueError(f"{self.name}: coo_work_group_size must be a positive integer, "
-                             f"not {wg!r}")
-        if wg > self.profile.max_work_group_size:
-            raise ValueError(f"{self.name}: coo_work_group_size={wg} exceeds the device's "
-                             f"maximum of {self.profile.max_work_group_size}")
-        local = coo_local_bytes(int(wg), self.index_dtype, self.dtype)
-        if local > self.profile.local_mem_size:
-            raise ValueError(f"{self.name}: coo_work_group_size={wg} needs {local} B of local "
-                             f"memory, more than the device's {self.profile.local_mem_size} B")
-        coo_params["work_group_size"] = int(wg)
+    def type_names(self):
+        return self.coo.type_names()
 
-    def kernel(self):
-        kernel = self.ell.kernel()
-        self.params["work_group_size"] = self.ell.params["work_group_size"]
-        self.params["coo_work_group_size"] = self.coo.params["work_group_size"]
-        return kernel
+    # -- arrays and launches -------------------------------------------------------------
+    def convert(self, csr):
+        ell_csr, coo_csr = self._parts
+        del self._parts
+        col_idx, values = ell_arrays(ell_csr, self.width, self.row_align, self.index_dtype,
+                                     self.dtype)
+        return {"ell_col_idx": col_idx, "ell_values": values,
+                **self.coo.host_arrays(coo_csr)}
 
-    def launches(self, x_buf, y_buf, alpha, beta):
-        return (self.ell.launches(x_buf, y_buf, alpha, beta)
-                + self.coo.launches(self.buffers, x_buf, y_buf, alpha, self.dtype.type(1)))
+    def scratch_sizes(self):
+        return self.coo.scratch_sizes()
+
+    def launches(self, beta):
+        wg = self.params["work_group_size"]
+        ell = self.step("ell", *launch_rows(self.shape[0], wg, wg), prefix="ell_",
+                        n_rows=self.shape[0], stride=self.stride, width=self.width)
+        return [ell, *self.coo.steps(beta, accumulate=True)]
