@@ -49,6 +49,7 @@ class Arg:
     name: str
     ctype: str
     role: str
+    read_only: bool = False   # a scratch buffer this kernel only reads
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -61,7 +62,7 @@ class Arg:
     def declaration(self) -> str:
         if not self.is_pointer:
             return f"const {self.ctype} {self.name}"
-        const = "const " if self.role in (MATRIX, X) else ""
+        const = "const " if self.role in (MATRIX, X) or self.read_only else ""
         return f"__global {const}{self.ctype} *restrict {self.name}"
 
 
@@ -69,8 +70,8 @@ def matrix(name: str, ctype: str) -> Arg:
     return Arg(name, ctype, MATRIX)
 
 
-def scratch(name: str, ctype: str = "real_t") -> Arg:
-    return Arg(name, ctype, SCRATCH)
+def scratch(name: str, ctype: str = "real_t", *, read_only: bool = False) -> Arg:
+    return Arg(name, ctype, SCRATCH, read_only)
 
 
 def scalar(name: str, ctype: str) -> Arg:

@@ -50,8 +50,8 @@ COO_KERNELS = (
         scratch("carry_rows", "index_t"), scratch("carry_values", "real_t"), ALPHA_ARG,
         BETA_ARG), fixed_group=True),
     KernelSpec("coo_carries", (
-        scalar("n_carries", "ulong"), scratch("carry_rows", "index_t"),
-        scratch("carry_values", "real_t"), Y_ARG, ALPHA_ARG, BETA_ARG)),
+        scalar("n_carries", "ulong"), scratch("carry_rows", "index_t", read_only=True),
+        scratch("carry_values", "real_t", read_only=True), Y_ARG, ALPHA_ARG, BETA_ARG)),
     KernelSpec("coo_empty_rows", (
         scalar("n_empty", "ulong"), matrix("empty_rows", "index_t"), Y_ARG, BETA_ARG)),
 )

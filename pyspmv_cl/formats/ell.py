@@ -56,6 +56,8 @@ from .base import (
 from .registry import register
 
 DEFAULT_MAX_PADDING = 20.0
+# The ELL family is worth timing in the tuner up to this many slots per non-zero.
+TUNING_MAX_PADDING = 3.0
 # Arrays this small are always accepted, whatever their padding ratio: tiny or odd
 # matrices (one dense row, 1 x 3000) still work, and cost next to nothing.
 SMALL_BYTES = 1 << 20
@@ -166,8 +168,6 @@ class ELL(SpMVFormat):
     def estimate_cost(cls, features, profile, dtype):
         """The padded arrays' bytes at 90% efficiency; not worth timing past the
         tuner's padding limit."""
-        from ..tuning.tuner import MAX_PADDING as TUNING_MAX_PADDING
-
         v, i = np.dtype(dtype).itemsize, 4
         m, nnz = features.n_rows, max(features.nnz, 1)
         padding = features.max_row_length * m / nnz

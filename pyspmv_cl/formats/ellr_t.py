@@ -30,6 +30,7 @@ from . import params as P
 from .base import SpMVFormat, launch_rows, pow2_floor
 from .ell import (
     DEFAULT_MAX_PADDING,
+    TUNING_MAX_PADDING,
     check_padding,
     ell_stride,
     row_slots,
@@ -42,7 +43,6 @@ from .registry import register
 MODEL_OVERHEAD = 1
 # The tuner times ELLR-T only when padding every row to the longest costs at most this
 # many slots per non-zero.
-TUNING_MAX_PADDING = 3.0
 
 
 def max_t(profile):

@@ -1,10 +1,10 @@
 """The measuring auto-tuner behind ``format="auto"``.
 
-1. Cheap models rank the candidates: every registered format (discovered at run time)
-   with the parameter sets its ``tuning_candidates`` proposes, pruned by padding
-   (DIA only for few, well-filled diagonals, the ELL family only when padding every
-   row to the longest costs at most ``MAX_PADDING`` times the non-zeros) and ordered
-   by a footprint/efficiency estimate; the rule-based ``choose_format`` goes first.
+1. Cheap models rank the candidates: every registered format with the parameter sets
+   its ``tuning_candidates`` proposes, pruned and ordered by its own ``estimate_cost``
+   (a footprint/efficiency estimate that also rules out, e.g., DIA on many or poorly
+   filled diagonals and the ELL family on heavy padding); the rule-based
+   ``choose_format`` goes first.
 2. The survivors are built and timed on the device (kernel time from profiling events,
    after warm-up, median of a few runs), within a time budget (building included), and
    checked against scipy: a candidate that raises or computes a wrong result is
@@ -45,8 +45,6 @@ BUDGET_ENV = "PYSPMV_CL_TUNE_BUDGET"
 SECONDS_PER_MNNZ = 1.5      # default budget per million non-zeros (building included)
 MIN_BUDGET = 1.0            # ... but at least this: one cold PoCL compile costs ~0.5 s
 MEASURE_MIN_NNZ = 100_000   # without expected_calls, smaller matrices use the rules
-MAX_PADDING = 3.0           # ELL family: slots per non-zero worth timing
-DIA_MAX_FILL = 3.0
 MAX_FORMATS = 8             # formats timed in the first pass (budget permitting)
 ALT_FORMATS = 2             # best formats whose alternative parameter sets are timed
 ALT_PARAMS = 3              # alternatives per format
