@@ -7,6 +7,7 @@ staying in their rows, determinism, 64-bit indices, footprint, validation, and t
 sigma rule with its remembered bounds and calibration."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -345,33 +346,40 @@ def test_sigma_rule_and_defaults(device, tmp_path, monkeypatch):
 
 
 def test_remembered_bounds(device, tmp_path, monkeypatch):
-    """The rule reads remembered bounds for this device, dtype and omega; a garbage or
-    missing file or entry falls back to the paper's defaults; writes keep other
-    entries."""
+    """The rule reads remembered bounds for this device, dtype and omega (one file
+    each); a missing entry falls back to the paper's defaults, and so does a damaged
+    one, with one warning; writing one entry leaves the others alone."""
     monkeypatch.setenv("PYSPMV_CL_CACHE_DIR", str(tmp_path))
     prof = device.profile
     omega = CSR5.default_params(features(30), prof, np.float32)["omega"]
-    path = tmp_path / csr5_sigma.BOUNDS_FILE
     default = csr5_sigma.DEFAULT_BOUNDS[csr5_sigma.device_class(prof)]
     assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
-    path.write_text("{not json")
-    assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
-    assert csr5_sigma.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3)) == path
-    assert csr5_sigma.remember_bounds(prof, np.float64, omega, (6, 6, 99, 6)) == path
+    p32 = csr5_sigma.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3))
+    p64 = csr5_sigma.remember_bounds(prof, np.float64, omega, (6, 6, 99, 6))
+    root = tmp_path / csr5_sigma.BOUNDS_DIR
+    assert p32 != p64 and sorted(root.rglob("*.json")) == sorted([p32, p64])
+    assert not list(tmp_path.rglob(".tmp-*"))
     assert csr5_sigma.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
     assert csr5_sigma.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
     assert csr5_sigma.bounds_for(prof, np.float32, 2 * omega) == default   # other omega
-    assert len(json.loads(path.read_text())) == 2
-    assert not list(tmp_path.glob(".tmp-*"))
     assert CSR5.default_params(features(30), prof, np.float32)["sigma"] == 30
     assert CSR5.default_params(features(500), prof, np.float32)["sigma"] == 3
-    data = json.loads(path.read_text())
-    for key in data:
-        if key.endswith("float32"):
-            data[key] = ["bad", 1, 2]
-    path.write_text(json.dumps(data))
-    assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
-    assert csr5_sigma.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
+    csr5_sigma.clear_memory()   # as a new process: read back from the files
+    assert csr5_sigma.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
+    entry = json.loads(p32.read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for damage in ("{not json", json.dumps(dict(entry, bounds=["bad", 1, 2])),
+                       json.dumps(dict(entry, key="0" + entry["key"]))):
+            p32.write_text(damage)
+            csr5_sigma.clear_memory()
+            assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
+            assert csr5_sigma.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
+    damaged = [w for w in caught if "damaged CSR5 bounds" in str(w.message)]
+    assert len(damaged) == 1, [str(w.message) for w in caught]
+    assert csr5_sigma.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3)) == p32
+    csr5_sigma.clear_memory()
+    assert csr5_sigma.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
 
 
 def test_fit_bounds():

@@ -6,16 +6,16 @@ The rule maps the mean row length ``nnz/row`` to sigma through four device bound
 small u beyond t (a tile then usually lies inside one row, where the segmented sum is
 a plain reduction).  The paper's values are defaults per device class;
 :func:`calibrate_bounds` measures bounds for the device at hand (explicitly: never run
-implicitly by SpMV) and remembers them in a small JSON file in the kernel cache
-directory, which the rule reads from then on.
+implicitly by SpMV) and remembers them in the cache directory (one small JSON file per
+device, dtype and omega), which the rule reads from then on.
 """
 
-import json
-import os
+import hashlib
 import statistics
-import tempfile
 
 import numpy as np
+
+from ..store import JsonStore, cache_dir
 
 #: The paper's bounds <r, s, t, u>: Maxwell and GCN GPUs (double precision, section
 #: 3.2); on CPUs and Xeon Phi sigma is fixed (16 and 12), i.e. r = s = u.
@@ -27,7 +27,9 @@ DEFAULT_BOUNDS = {
     "accelerator": (12, 12, 256, 12),
 }
 
-BOUNDS_FILE = "csr5-bounds-v1.json"
+# One small JSON file per (device, dtype, omega) under the cache directory, so that
+# calibrations of several devices never overwrite each other's results.
+BOUNDS_DIR = "csr5-bounds-v2"
 
 # Calibration: sigma candidates and generated matrices spanning the rule's regimes
 # (short rows -> r, medium -> s, long rows -> u), about 2**18 non-zeros each.
@@ -56,27 +58,16 @@ def device_class(profile):
 
 
 def _bounds_key(profile, dtype, omega):
-    return "|".join((*profile.identity(), profile.device_type, f"omega={omega}",
+    """The file key (a hex digest) of the bounds for this device, dtype and omega."""
+    name = "|".join((*profile.identity(), profile.device_type, f"omega={omega}",
                      np.dtype(dtype).name))
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()
 
 
-def _bounds_path():
-    from ..cache import cache_dir
-
+def bounds_dir():
+    """The directory of the remembered bounds, or None when the cache directory is off."""
     root = cache_dir()
-    return None if root is None else root / BOUNDS_FILE
-
-
-def _read_remembered():
-    """The remembered bounds as a dict (empty when absent, unreadable or garbage)."""
-    path = _bounds_path()
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return None if root is None else root / BOUNDS_DIR
 
 
 def _valid_bounds(value):
@@ -88,9 +79,22 @@ def _valid_bounds(value):
     return (r, s, t, u) if r <= s <= t else None
 
 
+def _valid_entry(entry, key):
+    ok = isinstance(entry, dict) and entry.get("key") == key and _valid_bounds(
+        entry.get("bounds")) is not None
+    return None if ok else "damaged"
+
+
+_store = JsonStore(bounds_dir, _valid_entry, label="CSR5 bounds store",
+                   entry_label="CSR5 bounds entry", fallback="using the default bounds",
+                   memory_note="calibrated bounds are kept in memory only")
+clear_memory = _store.clear_memory
+
+
 def remembered_bounds(profile, dtype, omega):
     """Bounds measured earlier for this device, dtype and omega, or None."""
-    return _valid_bounds(_read_remembered().get(_bounds_key(profile, dtype, omega)))
+    entry = _store.load(_bounds_key(profile, dtype, omega))
+    return None if entry is None else _valid_bounds(entry["bounds"])
 
 
 def bounds_for(profile, dtype, omega):
@@ -99,26 +103,14 @@ def bounds_for(profile, dtype, omega):
 
 
 def remember_bounds(profile, dtype, omega, bounds):
-    """Store ``bounds`` for this device (atomic temp file + rename; a missing or garbage
-    file is replaced).  Returns the path, or None when the cache directory is off."""
-    path = _bounds_path()
-    if path is None:
-        return None
-    data = _read_remembered()
-    data[_bounds_key(profile, dtype, omega)] = [int(b) for b in bounds]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    """Store ``bounds`` for this device, dtype and omega (one file each, written
+    atomically; other devices' entries are untouched).  Returns the path, or None when
+    they are kept in memory only (cache directory off or unwritable)."""
+    key = _bounds_key(profile, dtype, omega)
+    entry = {"key": key, "bounds": [int(b) for b in bounds],
+             "device": list(profile.identity()), "dtype": np.dtype(dtype).name,
+             "omega": omega}
+    return _store.store(key, entry)
 
 
 def fit_bounds(best_sigma):
