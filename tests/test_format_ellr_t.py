@@ -13,7 +13,7 @@ from matrix_cases import CASES, check_against_scipy, check_all, csr_from_row_len
 import pyspmv_cl as psc
 from pyspmv_cl.formats.ell import SMALL_BYTES
 from pyspmv_cl.formats.ellr_t import MODEL_OVERHEAD, block_size_candidates, ellrt_arrays
-from pyspmv_cl.tuning import ellrt_model
+from pyspmv_cl.formats.ellrt_model import ellrt_model
 
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 GPU32 = dict(simd_width=32, device_type="gpu")

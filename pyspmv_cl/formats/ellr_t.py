@@ -23,7 +23,6 @@ splits the work-item loop (PoCL), ``T`` defaults to 1.
 
 import numpy as np
 
-from ..tuning.ellrt import DEFAULT_BLOCK_SIZES, ellrt_model
 from .base import SpMVFormat, launch_rows, pow2_floor
 from .ell import (
     DEFAULT_MAX_PADDING,
@@ -32,6 +31,7 @@ from .ell import (
     row_slots,
     validate_max_padding,
 )
+from .ellrt_model import DEFAULT_BLOCK_SIZES, ellrt_model
 
 # One coalesced read of rl[] per half-warp besides the row's entries (see
 # pyspmv_cl.tuning.ellrt: it reproduces the paper's Table 1 rows we can rebuild).

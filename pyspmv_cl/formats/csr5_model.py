@@ -1,17 +1,17 @@
-"""CSR5's tile height sigma (Liu & Vinter, section 3.2) and a short calibration of its
-bounds for devices the paper did not measure.
+"""CSR5's tile height sigma (Liu & Vinter, section 3.2): the rule, the paper's bounds per
+device class and the bounds remembered for a device by a calibration
+(:mod:`pyspmv_cl.formats.csr5_calibration`).
 
 The rule maps the mean row length ``nnz/row`` to sigma through four device bounds
 ``<r, s, t, u>``: sigma = r for short rows, nnz/row between r and s, s up to t, and the
 small u beyond t (a tile then usually lies inside one row, where the segmented sum is
 a plain reduction).  The paper's values are defaults per device class;
-:func:`calibrate_bounds` measures bounds for the device at hand (explicitly: never run
+``calibrate_bounds`` measures bounds for the device at hand (explicitly: never run
 implicitly by SpMV) and remembers them in the cache directory (one small JSON file per
 device, dtype and omega), which the rule reads from then on.
 """
 
 import hashlib
-import statistics
 
 import numpy as np
 
@@ -30,12 +30,6 @@ DEFAULT_BOUNDS = {
 # One small JSON file per (device, dtype, omega) under the cache directory, so that
 # calibrations of several devices never overwrite each other's results.
 BOUNDS_DIR = "csr5-bounds-v2"
-
-# Calibration: sigma candidates and generated matrices spanning the rule's regimes
-# (short rows -> r, medium -> s, long rows -> u), about 2**18 non-zeros each.
-CALIBRATION_SIGMAS = (4, 8, 16, 32)
-CALIBRATION_ROW_LENGTHS = (3, 12, 40, 600)
-CALIBRATION_NNZ = 2**18
 
 
 def sigma_rule(nnz_per_row, bounds):
@@ -125,51 +119,3 @@ def fit_bounds(best_sigma):
     u = best_sigma[lengths[-1]]
     t = 256 if medium[-1] < 256 < lengths[-1] else (medium[-1] + lengths[-1]) // 2
     return (r, s, max(s, t), u)
-
-
-def _median_product_seconds(op, x_dev, y_dev, repeats):
-    from ..launching import launches_seconds
-
-    queue = x_dev.queue   # the device's profiling queue
-    times = [launches_seconds(lambda: op._impl.enqueue(queue, x_dev.data, y_dev.data, 1.0, 0.0))
-             for _ in range(repeats + 1)]
-    return statistics.median(times[1:])   # the first run warms up
-
-
-def calibrate_bounds(device=None, dtype=np.float32, *, row_lengths=CALIBRATION_ROW_LENGTHS,
-                     sigmas=CALIBRATION_SIGMAS, nnz=CALIBRATION_NNZ, repeats=5, remember=True):
-    """Measure the bounds <r, s, t, u> for ``device`` and ``dtype``: time CSR5 with each
-    of ``sigmas`` on generated matrices with the given mean ``row_lengths``, fit the
-    bounds to the fastest sigma of each (:func:`fit_bounds`) and, with ``remember``,
-    store them so that the sigma rule uses them from then on.  Takes a few seconds
-    (mostly kernel builds on first use).  Returns ``(bounds, best_sigma)``."""
-    import pyopencl.array as cla
-
-    from .. import generators
-    from ..device import get_device
-    from ..matrix import SpMV
-
-    device = get_device(device)
-    dtype = np.dtype(dtype)
-    row_lengths = sorted({int(n) for n in row_lengths})
-    if len(row_lengths) < 2:
-        raise ValueError("calibrate_bounds needs at least two row lengths")
-    best = {}
-    omega = None
-    queue = device.profiling_queue
-    for length in row_lengths:
-        rows = max(1, nnz // length)
-        A = generators.random_uniform(rows, max(rows, length), nnz_per_row=length, seed=length)
-        rng = np.random.default_rng(length)
-        x_dev = cla.to_device(queue, rng.uniform(-1, 1, A.shape[1]).astype(dtype))
-        y_dev = cla.empty(queue, A.shape[0], dtype)
-        timings = {}
-        for sigma in sigmas:
-            op = SpMV(A, format="csr5", dtype=dtype, device=device, sigma=int(sigma))
-            omega = op.params["omega"]
-            timings[int(sigma)] = _median_product_seconds(op, x_dev, y_dev, repeats)
-        best[length] = min(timings, key=timings.get)
-    bounds = fit_bounds(best)
-    if remember:
-        remember_bounds(device.profile, dtype, omega, bounds)
-    return bounds, best
