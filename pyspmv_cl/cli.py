@@ -103,9 +103,10 @@ def _cmd_tune(args):
 
     from . import bench
     from .device import get_device
+    from .features import MatrixFeatures
     from .generators import from_spec
     from .inputs import resolve_dtype
-    from .tuning import MatrixFeatures, database_dir, select
+    from .tuning import database_dir, select
 
     device = get_device(args.device)
     if args.dtype not in ("default", "float32", "float64", "both"):

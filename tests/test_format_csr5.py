@@ -16,9 +16,9 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths
 
 import pyspmv_cl as psc
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import csr5_calibration, csr5_model
 from pyspmv_cl.formats.csr5 import CSR5, field_bits, tile_arrays, untranspose_tiles
-from pyspmv_cl.tuning import MatrixFeatures
 
 pytestmark = pytest.mark.skipif("csr5" not in psc.formats(), reason="no csr5 format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

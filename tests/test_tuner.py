@@ -15,9 +15,10 @@ from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
 from pyspmv_cl import generators
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.formats.csr_scalar import CSRScalar
-from pyspmv_cl.tuning import MatrixFeatures, database, tuner
+from pyspmv_cl.tuning import database, tuner
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 CPU_DEVICES = [d for d in DEVICES if d.profile.is_cpu]

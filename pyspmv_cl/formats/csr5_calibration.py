@@ -13,9 +13,9 @@ import pyopencl.array as cla
 import scipy.sparse as sp
 
 from ..device import get_device
+from ..features import MatrixFeatures
 from ..inputs import resolve_dtype
 from ..launching import launches_seconds
-from ..tuning.features import MatrixFeatures
 from .csr5 import CSR5
 from .csr5_model import fit_bounds, remember_bounds
 

@@ -33,8 +33,8 @@ import numpy as np
 import pyopencl as cl
 
 from ..errors import FormatNotSuitableError
+from ..features import bandwidth, fingerprint, row_length_histogram
 from . import database
-from .features import bandwidth, fingerprint, row_length_histogram
 from .heuristics import choose_format
 
 TUNE_ENV = "PYSPMV_CL_TUNE"
