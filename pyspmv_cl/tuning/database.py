@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from .._version import __version__
+from ..formats import FORMATS
 from ..store import JsonStore, cache_dir
 
 TUNING_DIR_ENV = "PYSPMV_CL_TUNING_DIR"
@@ -47,7 +48,6 @@ def device_identity(profile):
 
 
 def format_set():
-    from ..formats import FORMATS
     return sorted(FORMATS)
 
 

@@ -34,6 +34,8 @@ import pyopencl as cl
 
 from ..errors import FormatNotSuitableError
 from ..features import bandwidth, fingerprint, row_length_histogram
+from ..formats import FORMATS
+from ..launching import launches_seconds
 from . import database
 from .heuristics import choose_format
 
@@ -175,8 +177,6 @@ class _Bench:
         self.m = m
 
     def launch_seconds(self, impl):
-        from ..launching import launches_seconds
-
         return launches_seconds(
             lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
 
@@ -225,8 +225,6 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step."""
-    from ..formats import FORMATS
-
     registry = dict(FORMATS if registry is None else registry)
     user_params = dict(user_params or {})
     profile = device.profile
@@ -391,8 +389,6 @@ def _pick(entry, expected_calls, registry):
 def select(csr, features, device, dtype, user_params=None, *, tune=None, expected_calls=None,
            budget=None, progress=None):
     """The :class:`Decision` for ``format="auto"`` (see the module docstring)."""
-    from ..formats import FORMATS
-
     mode = policy(tune)
     if expected_calls is not None:
         if isinstance(expected_calls, bool) or not isinstance(expected_calls, (int, np.integer)) \
