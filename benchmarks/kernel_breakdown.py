@@ -17,7 +17,7 @@ import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.generators import from_spec
+from pyspmv_cl.bench.generators import from_spec
 from pyspmv_cl.launching import record_launches
 
 

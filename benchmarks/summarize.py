@@ -10,7 +10,7 @@ import sys
 
 from pyspmv_cl import formats
 from pyspmv_cl.bench import format_table, summary_lines
-from pyspmv_cl.peers import PEER_NAMES
+from pyspmv_cl.bench.peers import PEER_NAMES
 
 ORDER = [*formats(), "auto", *PEER_NAMES]
 

@@ -5,56 +5,36 @@ Key = SHA-256 of (rendered source, build options, platform name and version, dev
 name, driver version, package version).  Disk entries live under the user cache
 directory (``PYSPMV_CL_CACHE_DIR`` moves it, ``PYSPMV_CL_NO_CACHE=1`` bypasses the
 disk layer).  Each file holds a header with the key and a digest of the binary;
-writes go to a temporary file renamed into place, so concurrent processes only ever
-see whole files.  A file that is truncated, corrupt, another key's or rejected by the
-driver is discarded and rebuilt (one warning per cache directory, however many such
-files it holds); the discard spares a fresh entry that another process renamed into
-place meanwhile.  An unwritable, read-only or full directory degrades to a memory-only
-cache with one warning, leaving no partial file.
+writes go to a temporary file renamed into place (``store.atomic_write``), so
+concurrent processes only ever see whole files.  A file that is truncated, corrupt,
+another key's or rejected by the driver is discarded and rebuilt (one warning per cache
+directory, however many such files it holds); the discard spares a fresh entry that
+another process renamed into place meanwhile.  An unwritable, read-only or full
+directory degrades to a memory-only cache with one warning, leaving no partial file.
 """
 
 import hashlib
 import os
 import struct
-import tempfile
 import threading
 import warnings
-from pathlib import Path
 
 import pyopencl as cl
 
 from ._version import __version__
 from .errors import KernelBuildError
-
-CACHE_DIR_ENV = "PYSPMV_CL_CACHE_DIR"
-NO_CACHE_ENV = "PYSPMV_CL_NO_CACHE"
+from .store import CACHE_DIR_ENV as CACHE_DIR_ENV  # re-exported: callers name them here
+from .store import NO_CACHE_ENV as NO_CACHE_ENV
+from .store import atomic_write, cache_dir, warn_once
 
 _MAGIC = b"PSCLBIN1"
 _HEADER = struct.Struct("<8s32s32sQ")  # magic, key digest, binary digest, binary length
 
 _memory = {}
 _lock = threading.Lock()
-_warned = set()
 
 #: Counters for tests and diagnostics.
 stats = {"memory_hits": 0, "disk_hits": 0, "builds": 0, "disk_errors": 0}
-
-
-def _warn_once(tag, message):
-    if tag not in _warned:
-        _warned.add(tag)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def cache_dir():
-    """The directory of the disk layer, or None when it is disabled."""
-    if os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
-        return None
-    configured = os.environ.get(CACHE_DIR_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("pyspmv_cl", appauthor=False))
 
 
 def device_identity(device):
@@ -120,19 +100,7 @@ class DamagedEntry(ValueError):
 def _write_entry(path, key, binary):
     header = _HEADER.pack(_MAGIC, bytes.fromhex(key), hashlib.sha256(binary).digest(),
                           len(binary))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(header)
-            fh.write(binary)
-        os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, header + binary)  # readers see the old file or the whole new one
 
 
 def _same_file(a, b):
@@ -202,16 +170,17 @@ def get_program(context, device, source, options=()):
                 stats["disk_hits"] += 1
         except (ValueError, cl.Error) as exc:
             stats["disk_errors"] += 1
-            _warn_once(("bad", str(root)),
-                       f"pyspmv_cl: discarding unusable cached kernel {path} ({exc}); "
-                       "rebuilding (further damaged entries in this cache are replaced "
-                       "silently)")
+            warn_once(("kernel cache", "bad", str(root)),
+                      f"pyspmv_cl: discarding unusable cached kernel {path} ({exc}); "
+                      "rebuilding (further damaged entries in this cache are replaced "
+                      "silently)")
             _discard(path, getattr(exc, "stat", None) or stat)
             program = None
         except OSError as exc:
             stats["disk_errors"] += 1
-            _warn_once(("dir", str(root)), f"pyspmv_cl: kernel cache {root} unusable ({exc}); "
-                       "continuing with the in-memory cache only")
+            warn_once(("kernel cache", "dir", str(root)),
+                      f"pyspmv_cl: kernel cache {root} unusable ({exc}); "
+                      "continuing with the in-memory cache only")
 
     if program is None:
         program = _build_from_source(context, device, source, options)
@@ -223,9 +192,9 @@ def get_program(context, device, source, options=()):
                     _write_entry(path, key, bytes(binaries[0]))
             except (OSError, cl.Error) as exc:
                 stats["disk_errors"] += 1
-                _warn_once(("dir", str(root)),
-                           f"pyspmv_cl: cannot write the kernel cache in {root} ({exc}); "
-                           "continuing with the in-memory cache only")
+                warn_once(("kernel cache", "dir", str(root)),
+                          f"pyspmv_cl: cannot write the kernel cache in {root} ({exc}); "
+                          "continuing with the in-memory cache only")
 
     with _lock:
         # Keep the context alive with the program so its int_ptr cannot be reused.

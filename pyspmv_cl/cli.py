@@ -3,13 +3,21 @@
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 
+from . import bench
+from .bench.generators import DEFAULT_SPECS, GENERATOR_HELP, from_spec
+from .device import devices, get_device
+from .errors import PySpMVError
+from .features import MatrixFeatures
+from .formats import FORMATS
+from .inputs import resolve_dtype
+from .tuning import database_dir, select
+
 
 def _cmd_devices(args):
-    from .device import devices
-
     found = devices()
     if not found:
         print("no OpenCL device found (install one, e.g. pip install 'pyspmv-cl[pocl]')")
@@ -29,7 +37,6 @@ def _cmd_devices(args):
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    from .device import get_device
     try:
         print(f"\ndefault device: {get_device().id}")
     except Exception as exc:
@@ -42,11 +49,6 @@ def _split(text):
 
 
 def _cmd_bench(args):
-    from . import bench
-    from .device import get_device
-    from .formats import FORMATS
-    from .generators import DEFAULT_SPECS, GENERATOR_HELP
-
     if args.list_generators:
         print(GENERATOR_HELP)
         return 0
@@ -99,14 +101,6 @@ def _cmd_bench(args):
 
 
 def _cmd_tune(args):
-    import time
-
-    from . import bench
-    from .device import get_device
-    from .generators import from_spec
-    from .inputs import resolve_dtype
-    from .tuning import MatrixFeatures, database_dir, select
-
     device = get_device(args.device)
     if args.dtype not in ("default", "float32", "float64", "both"):
         print(f"unknown dtype {args.dtype!r}: use default, float32, float64 or both",
@@ -176,8 +170,6 @@ def _cmd_tune(args):
 
 
 def build_parser():
-    from .generators import DEFAULT_SPECS
-
     parser = argparse.ArgumentParser(
         prog="pyspmv-cl", description="Sparse matrix-vector multiplication on OpenCL devices.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -241,12 +233,9 @@ def main(argv=None):
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        from .errors import PySpMVError
-        if isinstance(exc, PySpMVError):
-            print(f"pyspmv-cl: {exc}", file=sys.stderr)
-            return 1
-        raise
+    except PySpMVError as exc:
+        print(f"pyspmv-cl: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import pyopencl as cl
 
+from .cache import get_program
 from .errors import DeviceNotFoundError, InvalidInputError
 
 DEVICE_ENV = "PYSPMV_CL_DEVICE"
@@ -125,8 +126,6 @@ def _probe_simd_width(context, device, subgroups):
     trivial probe kernel (Intel GPUs and other sub-group devices), and the probe's
     preferred work-group size multiple (32 on NVIDIA, 32/64 on AMD, the vector lanes
     on PoCL)."""
-    from .cache import get_program
-
     for attr in ("warp_size_nv", "wavefront_width_amd"):
         value = _safe_info(device, attr, None)
         if value:

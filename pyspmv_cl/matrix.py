@@ -6,10 +6,10 @@ import pyopencl.array as cla
 
 from .device import get_device
 from .errors import InvalidInputError, UnsupportedDtypeError
+from .features import MatrixFeatures
 from .formats import get_format
 from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
-from .tuning import MatrixFeatures
 from .tuning.tuner import select
 
 

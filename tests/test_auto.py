@@ -9,7 +9,7 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import CASES, check_against_scipy
 
 import pyspmv_cl as psc
-from pyspmv_cl import generators
+from pyspmv_cl.bench import generators
 
 
 def very_uneven():

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
-from pyspmv_cl import cache
+from pyspmv_cl import cache, store
 
 SOURCE = """
 __kernel void scale_add(__global float *a, const float b)
@@ -178,7 +178,7 @@ def failing_write(monkeypatch, error_number, after_bytes=None):
     if after_bytes is None:
         def mkstemp(*args, **kwargs):
             raise OSError(error_number, os.strerror(error_number))
-        monkeypatch.setattr(cache.tempfile, "mkstemp", mkstemp)
+        monkeypatch.setattr(store.tempfile, "mkstemp", mkstemp)
         return
 
     real_fdopen = os.fdopen
@@ -201,7 +201,7 @@ def failing_write(monkeypatch, error_number, after_bytes=None):
         def __exit__(self, *exc):
             self.fh.close()
 
-    monkeypatch.setattr(cache.os, "fdopen", lambda fd, mode: Filling(real_fdopen(fd, mode)))
+    monkeypatch.setattr(store.os, "fdopen", lambda fd, mode: Filling(real_fdopen(fd, mode)))
 
 
 @pytest.mark.parametrize("failure", ["read-only", "full-at-once", "full-part-way"])

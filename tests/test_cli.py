@@ -60,7 +60,7 @@ def test_bench_progress_bar_and_nbytes():
     rows = {r["impl"]: r for r in json.loads(proc.stdout)["results"]}
     import scipy.sparse as sp
 
-    from pyspmv_cl import generators
+    from pyspmv_cl.bench import generators
     A = generators.poisson2d(20)
     assert rows["csr-scalar"]["nbytes"] == A.nnz * 8 + (A.shape[0] + 1) * 4
     assert rows["auto"]["tuning_source"] == "model" and rows["auto"]["explanation"]

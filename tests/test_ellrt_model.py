@@ -11,8 +11,7 @@ import scipy.io
 import scipy.sparse as sp
 from conftest import MATRIX_DIR
 
-from pyspmv_cl.tuning import ellrt_model
-from pyspmv_cl.tuning.ellrt import ellrt_memory_accesses
+from pyspmv_cl.formats.ellrt_model import ellrt_memory_accesses, ellrt_model
 
 GTX285 = dict(compute_units=30, warp_size=32)
 

@@ -16,8 +16,8 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import CASES, check_against_scipy, check_all, csr_from_row_lengths, read_back
 
 import pyspmv_cl as psc
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats.bccoo import BCCOO, BLOCK_HEIGHTS, BLOCK_WIDTHS
-from pyspmv_cl.tuning import MatrixFeatures
 
 pytestmark = pytest.mark.skipif("bccoo" not in psc.formats(), reason="no bccoo format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

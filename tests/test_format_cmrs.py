@@ -12,6 +12,7 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths, read_back
 
 import pyspmv_cl as psc
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats.cmrs import (
     CMRS,
     GPU_RESIDENT_WORK_ITEMS,
@@ -19,7 +20,6 @@ from pyspmv_cl.formats.cmrs import (
     fits_packed,
     occupancy_height,
 )
-from pyspmv_cl.tuning import MatrixFeatures
 
 pytestmark = pytest.mark.skipif("cmrs" not in psc.formats(), reason="no cmrs format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

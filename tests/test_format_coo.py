@@ -11,8 +11,8 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths
 
 import pyspmv_cl as psc
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats.coo import CPU_ITEMS, default_coo_params
-from pyspmv_cl.tuning import MatrixFeatures
 
 pytestmark = pytest.mark.skipif("coo" not in psc.formats(), reason="no coo format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

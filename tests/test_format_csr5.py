@@ -7,6 +7,7 @@ staying in their rows, determinism, 64-bit indices, footprint, validation, and t
 sigma rule with its remembered bounds and calibration."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths
 
 import pyspmv_cl as psc
+from pyspmv_cl.features import MatrixFeatures
+from pyspmv_cl.formats import csr5_calibration, csr5_model
 from pyspmv_cl.formats.csr5 import CSR5, field_bits, tile_arrays, untranspose_tiles
-from pyspmv_cl.tuning import MatrixFeatures, csr5_sigma
 
 pytestmark = pytest.mark.skipif("csr5" not in psc.formats(), reason="no csr5 format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -323,10 +325,10 @@ def features(nnz_per_row, rows=1000):
 
 def test_sigma_rule_and_defaults(device, tmp_path, monkeypatch):
     monkeypatch.setenv("PYSPMV_CL_CACHE_DIR", str(tmp_path))
-    nvidia, amd = csr5_sigma.DEFAULT_BOUNDS["nvidia"], csr5_sigma.DEFAULT_BOUNDS["amd"]
-    assert [csr5_sigma.sigma_rule(n, nvidia) for n in (1, 4, 4.9, 5, 20, 32, 33, 256, 257)] \
+    nvidia, amd = csr5_model.DEFAULT_BOUNDS["nvidia"], csr5_model.DEFAULT_BOUNDS["amd"]
+    assert [csr5_model.sigma_rule(n, nvidia) for n in (1, 4, 4.9, 5, 20, 32, 33, 256, 257)] \
         == [4, 4, 4, 5, 20, 32, 32, 32, 4]
-    assert [csr5_sigma.sigma_rule(n, amd) for n in (2, 6, 8, 300)] == [4, 6, 7, 4]
+    assert [csr5_model.sigma_rule(n, amd) for n in (2, 6, 8, 300)] == [4, 6, 7, 4]
     cpu = device.profile.replace(device_type="cpu")
     for dtype in (np.float32, np.float64):
         p = CSR5.default_params(features(5), cpu, dtype)
@@ -337,7 +339,7 @@ def test_sigma_rule_and_defaults(device, tmp_path, monkeypatch):
         for npr in (2, 6, 20, 100, 1000):
             p = CSR5.default_params(features(npr), gpu, np.float64)
             assert p["omega"] == simd and p["work_group_size"] % simd == 0
-            assert p["sigma"] == csr5_sigma.sigma_rule(npr, bounds)
+            assert p["sigma"] == csr5_model.sigma_rule(npr, bounds)
         cands = CSR5.tuning_candidates(features(20), gpu, np.float64)
         sigma = CSR5.default_params(features(20), gpu, np.float64)["sigma"]
         assert cands[0] == {} and 2 <= len(cands) <= 4
@@ -345,51 +347,74 @@ def test_sigma_rule_and_defaults(device, tmp_path, monkeypatch):
 
 
 def test_remembered_bounds(device, tmp_path, monkeypatch):
-    """The rule reads remembered bounds for this device, dtype and omega; a garbage or
-    missing file or entry falls back to the paper's defaults; writes keep other
-    entries."""
+    """The rule reads remembered bounds for this device, dtype and omega (one file
+    each); a missing entry falls back to the paper's defaults, and so does a damaged
+    one, with one warning; writing one entry leaves the others alone."""
     monkeypatch.setenv("PYSPMV_CL_CACHE_DIR", str(tmp_path))
     prof = device.profile
     omega = CSR5.default_params(features(30), prof, np.float32)["omega"]
-    path = tmp_path / csr5_sigma.BOUNDS_FILE
-    default = csr5_sigma.DEFAULT_BOUNDS[csr5_sigma.device_class(prof)]
-    assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
-    path.write_text("{not json")
-    assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
-    assert csr5_sigma.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3)) == path
-    assert csr5_sigma.remember_bounds(prof, np.float64, omega, (6, 6, 99, 6)) == path
-    assert csr5_sigma.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
-    assert csr5_sigma.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
-    assert csr5_sigma.bounds_for(prof, np.float32, 2 * omega) == default   # other omega
-    assert len(json.loads(path.read_text())) == 2
-    assert not list(tmp_path.glob(".tmp-*"))
+    default = csr5_model.DEFAULT_BOUNDS[csr5_model.device_class(prof)]
+    assert csr5_model.bounds_for(prof, np.float32, omega) == default
+    p32 = csr5_model.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3))
+    p64 = csr5_model.remember_bounds(prof, np.float64, omega, (6, 6, 99, 6))
+    root = tmp_path / csr5_model.BOUNDS_DIR
+    assert p32 != p64 and sorted(root.rglob("*.json")) == sorted([p32, p64])
+    assert not list(tmp_path.rglob(".tmp-*"))
+    assert csr5_model.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
+    assert csr5_model.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
+    assert csr5_model.bounds_for(prof, np.float32, 2 * omega) == default   # other omega
     assert CSR5.default_params(features(30), prof, np.float32)["sigma"] == 30
     assert CSR5.default_params(features(500), prof, np.float32)["sigma"] == 3
-    data = json.loads(path.read_text())
-    for key in data:
-        if key.endswith("float32"):
-            data[key] = ["bad", 1, 2]
-    path.write_text(json.dumps(data))
-    assert csr5_sigma.bounds_for(prof, np.float32, omega) == default
-    assert csr5_sigma.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
+    csr5_model.clear_memory()   # as a new process: read back from the files
+    assert csr5_model.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
+    entry = json.loads(p32.read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for damage in ("{not json", json.dumps(dict(entry, bounds=["bad", 1, 2])),
+                       json.dumps(dict(entry, key="0" + entry["key"]))):
+            p32.write_text(damage)
+            csr5_model.clear_memory()
+            assert csr5_model.bounds_for(prof, np.float32, omega) == default
+            assert csr5_model.bounds_for(prof, np.float64, omega) == (6, 6, 99, 6)
+    damaged = [w for w in caught if "damaged CSR5 bounds" in str(w.message)]
+    assert len(damaged) == 1, [str(w.message) for w in caught]
+    assert csr5_model.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3)) == p32
+    csr5_model.clear_memory()
+    assert csr5_model.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
 
 
 def test_fit_bounds():
-    assert csr5_sigma.fit_bounds({3: 8, 12: 16, 40: 32, 600: 4}) == (8, 32, 256, 4)
-    assert csr5_sigma.fit_bounds({3: 16, 12: 8, 40: 8, 600: 16}) == (16, 16, 256, 16)
-    assert csr5_sigma.fit_bounds({2: 4, 8: 8}) == (4, 4, 5, 8)
+    assert csr5_model.fit_bounds({3: 8, 12: 16, 40: 32, 600: 4}) == (8, 32, 256, 4)
+    assert csr5_model.fit_bounds({3: 16, 12: 8, 40: 8, 600: 16}) == (16, 16, 256, 16)
+    assert csr5_model.fit_bounds({2: 4, 8: 8}) == (4, 4, 5, 8)
+
+
+def test_calibration_matrices():
+    A = csr5_calibration.fixed_length_matrix(500, 700, 40, seed=3)
+    assert A.shape == (500, 700) and A.nnz == 500 * 40
+    assert (np.diff(A.indptr) == 40).all() and A.has_sorted_indices
+    assert (np.diff(A.indices.reshape(500, 40), axis=1) > 0).all()   # distinct columns
+    assert A.indices.min() >= 0 and A.indices.max() < 700
+    B = csr5_calibration.fixed_length_matrix(500, 700, 40, seed=3)
+    assert (A != B).nnz == 0                                           # seeded
+    assert csr5_calibration.fixed_length_matrix(3, 5, 5, seed=0).toarray().all()   # full
 
 
 def test_calibrate_bounds(device, tmp_path, monkeypatch):
     """A short calibration measures, fits, remembers, and the rule then uses it."""
     monkeypatch.setenv("PYSPMV_CL_CACHE_DIR", str(tmp_path))
-    bounds, best = csr5_sigma.calibrate_bounds(device, np.float32, row_lengths=(3, 40),
-                                               sigmas=(4, 16), nnz=2**14, repeats=2)
+
+    def no_operator(*args, **kwargs):
+        raise AssertionError("the calibration times the format class, not SpMV")
+
+    monkeypatch.setattr(psc.SpMV, "__init__", no_operator)
+    bounds, best = csr5_calibration.calibrate_bounds(
+        device, np.float32, row_lengths=(3, 40), sigmas=(4, 16), nnz=2**14, repeats=2)
     assert set(best) == {3, 40} and set(best.values()) <= {4, 16}
-    assert bounds == csr5_sigma.fit_bounds(best)
+    assert bounds == csr5_model.fit_bounds(best)
     omega = CSR5.default_params(features(3), device.profile, np.float32)["omega"]
-    assert csr5_sigma.bounds_for(device.profile, np.float32, omega) == bounds
+    assert csr5_model.bounds_for(device.profile, np.float32, omega) == bounds
     p = CSR5.default_params(features(3), device.profile, np.float32)
-    assert p["sigma"] == csr5_sigma.sigma_rule(3, bounds)
+    assert p["sigma"] == csr5_model.sigma_rule(3, bounds)
     with pytest.raises(ValueError, match="two row lengths"):
-        csr5_sigma.calibrate_bounds(device, np.float32, row_lengths=(3,))
+        csr5_calibration.calibrate_bounds(device, np.float32, row_lengths=(3,))

@@ -13,8 +13,8 @@ from conftest import DTYPES, poisoned, skip_without_fp64
 from matrix_cases import CASES, check_against_scipy, check_all, csr_from_row_lengths, read_back
 
 import pyspmv_cl as psc
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats.ell import ELL, SMALL_BYTES, ell_arrays, ell_stride
-from pyspmv_cl.tuning import MatrixFeatures
 
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 PROFILES = {"native": {}, "simd32": dict(simd_width=32),

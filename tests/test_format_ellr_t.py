@@ -15,7 +15,7 @@ from matrix_cases import CASES, check_against_scipy, check_all, csr_from_row_len
 import pyspmv_cl as psc
 from pyspmv_cl.formats.ell import SMALL_BYTES
 from pyspmv_cl.formats.ellr_t import MODEL_OVERHEAD, block_size_candidates, ellrt_arrays
-from pyspmv_cl.tuning import ellrt_model
+from pyspmv_cl.formats.ellrt_model import ellrt_model
 
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 GPU32 = dict(simd_width=32, device_type="gpu")
@@ -218,8 +218,9 @@ def test_t_above_simd_width_refused(device, rng):
 def test_estimate_cost(device):
     """The tuner's model (moved from the tuner): the padded arrays' bytes at 85%; not
     worth timing above 3 slots per non-zero."""
-    from pyspmv_cl.formats.ellr_t import ELLRT
     from pyspmv_cl.tuning.features import MatrixFeatures
+
+    from pyspmv_cl.formats.ellr_t import ELLRT
 
     f = MatrixFeatures(n_rows=1000, n_cols=1000, nnz=5000, mean_row_length=5.0,
                        max_row_length=15, std_row_length=1.0, empty_rows=0)

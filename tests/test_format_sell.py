@@ -13,6 +13,7 @@ from matrix_cases import read_back as shared_read_back
 
 import pyspmv_cl as psc
 from pyspmv_cl.errors import IndexOverflowError
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import base as base_module
 from pyspmv_cl.formats.sell import (
     SLICE_HEIGHTS,
@@ -21,7 +22,6 @@ from pyspmv_cl.formats.sell import (
     padded_size,
     sort_permutation,
 )
-from pyspmv_cl.tuning import MatrixFeatures
 
 pytestmark = pytest.mark.skipif("sell" not in psc.formats(), reason="no sell format")
 with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -1,4 +1,4 @@
-"""Tests for pyspmv_cl.generators: structure, canonical CSR, spec parsing, file loading."""
+"""Tests for pyspmv_cl.bench.generators: structure, canonical CSR, spec parsing, file loading."""
 
 import gzip
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 
-from pyspmv_cl import generators as g
+from pyspmv_cl.bench import generators as g
 
 MATRICES = Path(__file__).resolve().parents[2] / "shared" / "matrices"
 

@@ -1,4 +1,4 @@
-"""Tests for pyspmv_cl.peers: the timing rule, the scipy peer, and peer detection."""
+"""Tests for pyspmv_cl.bench.peers: the timing rule, the scipy peer, and peer detection."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from pyspmv_cl import peers
+from pyspmv_cl.bench import peers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,7 +143,7 @@ def test_optional_peers_agree_with_scipy(name, dtype):
 
 
 def test_import_does_not_pull_in_optional_libraries():
-    code = ("import sys, pyspmv_cl.peers; "
+    code = ("import sys, pyspmv_cl.bench.peers; "
             "bad = {'torch', 'cupy', 'sparse_dot_mkl'} & set(sys.modules); "
             "sys.exit(1 if bad else 0)")
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])

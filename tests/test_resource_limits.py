@@ -181,7 +181,7 @@ def test_features_of_a_very_wide_matrix():
     """Host memory for a matrix's features scales with nnz, not with its dimensions."""
     import tracemalloc
 
-    from pyspmv_cl.tuning import MatrixFeatures
+    from pyspmv_cl.features import MatrixFeatures
 
     A = sp.csr_matrix((np.ones(4), (np.arange(4), np.arange(4) * (2**29))), shape=(4, WIDE))
     tracemalloc.start()

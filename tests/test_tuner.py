@@ -14,10 +14,11 @@ import pytest
 from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
-from pyspmv_cl import generators
+from pyspmv_cl.bench import generators
+from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.formats.csr_scalar import CSRScalar
-from pyspmv_cl.tuning import MatrixFeatures, database, tuner
+from pyspmv_cl.tuning import database, tuner
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 CPU_DEVICES = [d for d in DEVICES if d.profile.is_cpu]
@@ -217,7 +218,7 @@ def test_tune_command(db):
     assert forced.returncode == 0 and forced.stdout.count("measured") == 2, forced.stderr
     assert second.stderr == ""
     # A new process using format="auto" on the same matrix reuses the decision.
-    code = ("import numpy as np, pyspmv_cl as psc; from pyspmv_cl import generators; "
+    code = ("import numpy as np, pyspmv_cl as psc; from pyspmv_cl.bench import generators; "
             f"op = psc.SpMV(generators.poisson2d(40), dtype=np.float32, device='{DEVICES[0].id}');"
             " print(op.tuning.source)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -15,7 +15,7 @@ import pytest
 from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
-from pyspmv_cl import generators
+from pyspmv_cl.bench import generators
 from pyspmv_cl.tuning import database
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
     import pyspmv_cl as psc
-    from pyspmv_cl import generators
+    from pyspmv_cl.bench import generators
     from pyspmv_cl.tuning import database
     out = []
     for k in map(int, sys.argv[1].split(",")):

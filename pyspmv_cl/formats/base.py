@@ -41,12 +41,10 @@ from ..errors import (
     IndexOverflowError,
     InvalidParameterError,
 )
+from ..features import MatrixFeatures
 from ..launching import enqueue_launch
 from . import params as P
 from .builder import ProgramSpec, build_program, pow2_floor
-
-if typing.TYPE_CHECKING:
-    from ..features import MatrixFeatures
 
 # Room left below 2**31 so that 32-bit loop counters (j += vector size, ...) never wrap.
 INT32_LIMIT = 2**31 - 1 - 65536

@@ -31,8 +31,8 @@ otherwise).
 import numpy as np
 import pyopencl as cl
 
-from ..tuning.csr5_sigma import bounds_for, sigma_rule
 from .base import Launch, SpMVFormat, pow2_floor
+from .csr5_model import bounds_for, sigma_rule
 
 MAX_OMEGA = 1024
 MAX_SIGMA = 512

@@ -25,7 +25,6 @@ import numpy as np
 
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
 from ..errors import InvalidParameterError
-from ..tuning.ellrt import DEFAULT_BLOCK_SIZES, ellrt_model
 from . import params as P
 from .base import SpMVFormat, launch_rows, pow2_floor
 from .ell import (
@@ -36,6 +35,7 @@ from .ell import (
     row_slots,
     validate_max_padding,
 )
+from .ellrt_model import DEFAULT_BLOCK_SIZES, ellrt_model
 from .registry import register
 
 # One coalesced read of rl[] per half-warp besides the row's entries (see

@@ -10,8 +10,9 @@ row-length statistics, a hash of indptr/indices) and the dtype.  An entry stores
 candidate measured (kernel and conversion seconds), so a caller with another
 ``expected_calls`` re-decides from it without timing anything.
 
-Files are written to a temporary file renamed into place, so concurrent processes only
-ever see whole files (the last writer of a key wins).  An entry that does not parse,
+Entries are kept by :class:`pyspmv_cl.store.JsonStore`: files are written to a
+temporary file renamed into place, so concurrent processes only ever see whole files
+(the last writer of a key wins).  An entry that does not parse,
 has another key, or comes from another package version or format set is ignored
 (damaged ones with one warning) and re-tuned; an unwritable directory leaves the
 memory layer only, with one warning.
@@ -21,21 +22,14 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
-import threading
 from pathlib import Path
 
-from .. import cache
 from .._version import __version__
+from ..formats import FORMATS
+from ..store import JsonStore, cache_dir
 
 TUNING_DIR_ENV = "PYSPMV_CL_TUNING_DIR"
 SCHEMA = 1
-
-_memory = {}
-_lock = threading.Lock()
-
-#: Counters for tests and diagnostics.
-stats = {"hits": 0, "misses": 0, "writes": 0, "ignored": 0, "errors": 0}
 
 
 def database_dir():
@@ -43,7 +37,7 @@ def database_dir():
     configured = os.environ.get(TUNING_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
-    root = cache.cache_dir()
+    root = cache_dir()
     return root / "tuning-v1" if root is not None else None
 
 
@@ -54,7 +48,6 @@ def device_identity(profile):
 
 
 def format_set():
-    from ..formats import FORMATS
     return sorted(FORMATS)
 
 
@@ -65,15 +58,6 @@ def entry_key(profile, fingerprint, dtype):
         h.update(part.encode("utf-8"))
         h.update(b"\x1f")
     return h.hexdigest()
-
-
-def _path(root, key):
-    return root / key[:2] / f"{key}.json"
-
-
-def clear_memory():
-    with _lock:
-        _memory.clear()
 
 
 def _valid(entry, key):
@@ -93,78 +77,26 @@ def _valid(entry, key):
     return None
 
 
+_store = JsonStore(database_dir, _valid, label="tuning database", entry_label="tuning entry",
+                   fallback="re-tuning", memory_note="decisions are kept in memory only")
+
+#: Counters for tests and diagnostics (hits, misses, writes, ignored, errors).
+stats = _store.stats
+clear_memory = _store.clear_memory
+
+
 def load(key):
     """The stored entry for ``key`` (a dict), or None."""
-    with _lock:
-        entry = _memory.get(key)
-    if entry is not None:
-        stats["hits"] += 1
-        return entry
-    root = database_dir()
-    if root is None:
-        stats["misses"] += 1
-        return None
-    path = _path(root, key)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        stats["misses"] += 1
-        return None
-    except OSError as exc:
-        stats["errors"] += 1
-        cache._warn_once(("tuning-dir", str(root)),
-                         f"pyspmv_cl: tuning database {root} unreadable ({exc}); tuning anew")
-        return None
-    try:
-        entry = json.loads(text)
-    except ValueError:
-        entry = None
-    why = _valid(entry, key)
-    if why is not None:
-        stats["ignored"] += 1
-        if why == "damaged":
-            cache._warn_once(("tuning-bad", str(path)),
-                             f"pyspmv_cl: ignoring damaged tuning entry {path}; re-tuning")
-        return None
-    stats["hits"] += 1
-    with _lock:
-        _memory[key] = entry
-    return entry
+    return _store.load(key)
 
 
 def store(key, entry):
-    """Remember ``entry`` in memory and, where possible, on disk (atomically)."""
+    """Remember ``entry`` in memory and, where possible, on disk (atomically).  Returns
+    the file's path, or None when it is kept in memory only."""
     entry = dict(entry, key=key, schema=SCHEMA, package=__version__, formats=format_set())
-    with _lock:
-        _memory[key] = entry
-    root = database_dir()
-    if root is None:
-        return None
-    path = _path(root, key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(entry, fh, indent=1, sort_keys=True, default=str)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    except OSError as exc:
-        stats["errors"] += 1
-        cache._warn_once(("tuning-dir", str(root)),
-                         f"pyspmv_cl: cannot write the tuning database in {root} ({exc}); "
-                         "decisions are kept in memory only")
-        return None
-    stats["writes"] += 1
-    return path
+    return _store.store(key, entry)
 
 
 def forget(key):
     """Drop ``key`` from the memory layer (a forced re-tune then overwrites the file)."""
-    with _lock:
-        _memory.pop(key, None)
+    _store.forget(key)

@@ -35,8 +35,10 @@ import numpy as np
 import pyopencl as cl
 
 from ..errors import FormatNotSuitableError, InvalidParameterError
+from ..features import bandwidth, fingerprint, row_length_histogram
+from ..formats import FORMATS
+from ..launching import launches_seconds
 from . import database, online
-from .features import bandwidth, fingerprint, row_length_histogram
 from .heuristics import choose_format
 
 TUNE_ENV = "PYSPMV_CL_TUNE"
@@ -142,8 +144,6 @@ class _Bench:
         self.m = m
 
     def launch_seconds(self, impl):
-        from ..launching import launches_seconds
-
         return launches_seconds(
             lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
 
@@ -195,8 +195,6 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     could be measured.  ``progress(done, total, text)`` is told of each step;
     ``should_stop()`` ends the measurement early; ``queue`` (profiling enabled) times
     on a queue of the caller's instead of the device's profiling queue."""
-    from ..formats import FORMATS
-
     registry = dict(FORMATS if registry is None else registry)
     user_params = dict(user_params or {})
     profile = device.profile
@@ -362,8 +360,6 @@ def _pick(entry, expected_calls, registry):
 def select(csr, features, device, dtype, user_params=None, *, tune=None, expected_calls=None,
            budget=None, progress=None):
     """The :class:`Decision` for ``format="auto"`` (see the module docstring)."""
-    from ..formats import FORMATS
-
     mode = policy(tune)
     if expected_calls is not None:
         if isinstance(expected_calls, bool) or not isinstance(expected_calls, (int, np.integer)) \

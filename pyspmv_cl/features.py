@@ -1,6 +1,9 @@
-"""Cheap structural features of a CSR matrix that the format choice reads."""
+"""Cheap structural features of a CSR matrix that the format choice reads (the
+formats' parameter defaults, the rules and the tuner), and the matrix fingerprint of
+the tuning database's key.  It sits below the formats, which read MatrixFeatures."""
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
@@ -80,8 +83,6 @@ def bandwidth(csr):
 def _structure_digest(csr):
     """SHA-256 of the sparsity structure (indptr, indices), independent of the integer
     types the caller used (int32 when the values fit, else int64)."""
-    import hashlib
-
     h = hashlib.sha256()
     for arr in (csr.indptr, csr.indices):
         arr = np.asarray(arr)

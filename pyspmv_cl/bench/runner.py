@@ -8,6 +8,9 @@ wall time of a whole host-to-host ``op @ x``.  Peers run in the same process on 
 same matrix and report wall time (or CUDA-event time on a GPU).
 """
 
+import math
+import os
+import platform
 import statistics
 import sys
 import time
@@ -15,13 +18,16 @@ import time
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
+import scipy
 import scipy.sparse as sp
 
-from . import codegen
-from .cache import get_program
-from .formats.base import format_bytes, program_kernels
-from .launching import launch_kernel, launches_seconds
-from .matrix import SpMV
+from .. import codegen
+from .._version import __version__
+from ..cache import get_program
+from ..formats.base import format_bytes, program_kernels
+from ..launching import launch_kernel, launches_seconds
+from ..matrix import SpMV
+from .generators import from_spec
 from .peers import available_peers, cuda_sampler
 
 
@@ -231,8 +237,6 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
         progress=None, checkpoint=None):
     """Benchmark every spec; returns (environment dict, results list).  ``checkpoint``
     (optional) is called with (environment, results so far) after each matrix."""
-    from .generators import from_spec
-
     detected = available_peers(peer_names)  # imports and test-runs each library: once
     peers = [p for p in detected if p.available]
     skipped = {p.name: p.reason for p in detected if not p.available}
@@ -261,20 +265,15 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
 
 
 def environment(device, copy_gbps, peers, skipped):
-    import platform
-
-    import pyopencl
-
-    from . import __version__
     p = device.profile
     return {
         "pyspmv_cl": __version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
         "device": p.name, "platform": f"{p.platform_name} {p.platform_version}",
         "driver": p.driver_version, "device_type": p.device_type,
-        "compute_units": p.compute_units, "pyopencl": pyopencl.VERSION_TEXT,
-        "numpy": np.__version__, "scipy": sp.__name__ and __import__("scipy").__version__,
+        "compute_units": p.compute_units, "pyopencl": cl.VERSION_TEXT,
+        "numpy": np.__version__, "scipy": scipy.__version__,
         "copy_gbps": copy_gbps, "peers": peers, "peers_unavailable": skipped,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
@@ -320,8 +319,6 @@ def summary_lines(results):
     """Geometric means per dtype over the matrices every implementation ran on:
     GFLOP/s of each implementation, and the speed of our best format per matrix
     relative to each peer."""
-    import math
-
     ok = [r for r in results if "error" not in r and r.get("seconds")]
     lines = ["| dtype | implementation | geomean GFLOP/s | matrices |", "|---|---|---:|---:|"]
     ratios = []
@@ -353,8 +350,6 @@ def summary_lines(results):
 
 def _auto_lines(dtype, by_impl, ours, rows):
     """How ``auto`` compares with the best single format per matrix and with each peer."""
-    import math
-
     auto = by_impl.get("auto")
     singles = [i for i in ours if i != "auto"]
     if not auto or not singles:

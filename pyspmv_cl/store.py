@@ -1,0 +1,185 @@
+"""The small persistent store shared by the kernel cache, the tuning database and the
+CSR5 bounds: the cache root directory, one warning per problem, atomic whole-file
+writes, tolerant JSON reads and a JSON key -> entry store with a memory layer.
+
+Writes go to a temporary file in the target directory renamed into place, so readers
+in other processes see the old file or the whole new one, never a part; concurrent
+writers of one key race and the last rename wins (callers treat entries as caches of
+something they can recompute).
+"""
+
+import json
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import platformdirs
+
+CACHE_DIR_ENV = "PYSPMV_CL_CACHE_DIR"
+NO_CACHE_ENV = "PYSPMV_CL_NO_CACHE"
+
+_warned = set()
+_warned_lock = threading.Lock()
+
+#: Returned by :func:`read_json` for a missing file when asked to tell it from garbage.
+MISSING = object()
+
+
+def cache_dir():
+    """The root of every on-disk store, or None when disk storage is disabled."""
+    if os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        return None
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_cache_dir("pyspmv_cl", appauthor=False))
+
+
+def warn_once(tag, message, stacklevel=3):
+    """Emit ``message`` as a RuntimeWarning the first time ``tag`` is seen in this
+    process (a damaged directory would otherwise warn once per entry)."""
+    with _warned_lock:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+
+
+def atomic_write(path, data):
+    """Write ``data`` (bytes) to ``path`` through a temporary file renamed into place;
+    on any failure the temporary file is removed and the error raised."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path, obj):
+    """:func:`atomic_write` of ``obj`` as JSON (non-JSON values as their str())."""
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8"))
+
+
+def read_json(path, missing=None):
+    """The JSON value in ``path``; None when it does not parse, ``missing`` when the
+    file does not exist.  Other I/O errors (permissions, a file where a directory
+    should be) are raised."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return missing
+    try:
+        return json.loads(data)
+    except ValueError:  # includes UnicodeDecodeError
+        return None
+
+
+class JsonStore:
+    """JSON entries keyed by a hex digest, one file each under ``root()/ab/<key>.json``,
+    with a per-process memory layer in front.
+
+    ``root`` is called on each access (the environment may move it) and returns a
+    directory or None (memory only).  ``validate(entry, key)`` returns None for a
+    usable entry, ``"stale"`` for one to ignore silently (another version wrote it) or
+    ``"damaged"`` for one to ignore with a warning.  Damaged entries warn once per
+    file; an unreadable or unwritable directory warns once and leaves the memory
+    layer.  ``stats`` counts hits, misses, writes, ignored entries and I/O errors.
+    """
+
+    def __init__(self, root, validate, *, label, entry_label, fallback, memory_note):
+        self._root = root
+        self._validate = validate
+        self._memory = {}
+        self._lock = threading.Lock()
+        self.label, self.entry_label = label, entry_label
+        self.fallback, self.memory_note = fallback, memory_note
+        self.stats = {"hits": 0, "misses": 0, "writes": 0, "ignored": 0, "errors": 0}
+
+    def _count(self, what):
+        with self._lock:
+            self.stats[what] += 1
+
+    @staticmethod
+    def path(root, key):
+        return root / key[:2] / f"{key}.json"
+
+    def _mem_key(self, root, key):
+        # Per directory, so pointing the store elsewhere never serves another's entries.
+        return (None if root is None else str(root), key)
+
+    def load(self, key):
+        """The usable entry for ``key``, or None."""
+        root = self._root()
+        mem_key = self._mem_key(root, key)
+        with self._lock:
+            entry = self._memory.get(mem_key)
+        if entry is not None:
+            self._count("hits")
+            return entry
+        if root is None:
+            self._count("misses")
+            return None
+        path = self.path(root, key)
+        try:
+            entry = read_json(path, missing=MISSING)
+        except OSError as exc:
+            self._count("errors")
+            warn_once((self.label, "dir", str(root)),
+                      f"pyspmv_cl: {self.label} {root} unreadable ({exc}); {self.fallback}",
+                      stacklevel=4)
+            return None
+        if entry is MISSING:
+            self._count("misses")
+            return None
+        why = self._validate(entry, key)
+        if why is not None:
+            self._count("ignored")
+            if why == "damaged":
+                warn_once((self.label, "bad", str(path)),
+                          f"pyspmv_cl: ignoring damaged {self.entry_label} {path}; "
+                          f"{self.fallback}", stacklevel=4)
+            return None
+        self._count("hits")
+        with self._lock:
+            self._memory[mem_key] = entry
+        return entry
+
+    def store(self, key, entry):
+        """Remember ``entry`` in memory and, where possible, on disk.  Returns the
+        file's path, or None when it stayed in memory."""
+        root = self._root()
+        with self._lock:
+            self._memory[self._mem_key(root, key)] = entry
+        if root is None:
+            return None
+        path = self.path(root, key)
+        try:
+            write_json(path, entry)
+        except OSError as exc:
+            self._count("errors")
+            warn_once((self.label, "dir", str(root)),
+                      f"pyspmv_cl: cannot write the {self.label} in {root} ({exc}); "
+                      f"{self.memory_note}", stacklevel=4)
+            return None
+        self._count("writes")
+        return path
+
+    def forget(self, key):
+        """Drop ``key`` from the memory layer (the file, if any, stays)."""
+        with self._lock:
+            for mem_key in [k for k in self._memory if k[1] == key]:
+                del self._memory[mem_key]
+
+    def clear_memory(self):
+        with self._lock:
+            self._memory.clear()
