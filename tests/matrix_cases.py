@@ -1,4 +1,4 @@
-"""The edge-case corpus every storage format must pass (DESIGN.md, Tests).
+"""The edge-case corpus every storage format must pass (ARCHITECTURE.md, Tests).
 
 ``CASES`` maps a case name to a function ``make(rng) -> matrix`` that draws fresh random
 values from ``rng`` (a ``numpy.random.Generator``).  The matrix is a scipy.sparse matrix,

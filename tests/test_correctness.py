@@ -1,7 +1,7 @@
 """Correctness of every format against scipy (float64) on every OpenCL device: the
-DESIGN.md edge-case corpus, alpha/beta, vector shapes, every scipy input type, device-
-resident vectors, index widths, csr-vector geometries, GPU-shaped profile overrides and
-a conjugate-gradient solve through ``aslinearoperator``."""
+edge-case corpus (tests/matrix_cases.py), alpha/beta, vector shapes, every scipy input
+type, device-resident vectors, index widths, csr-vector geometries, GPU-shaped profile
+overrides and a conjugate-gradient solve through ``aslinearoperator``."""
 
 import numpy as np
 import pyopencl.array as cla

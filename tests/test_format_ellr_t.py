@@ -218,7 +218,7 @@ def test_t_above_simd_width_refused(device, rng):
 def test_estimate_cost(device):
     """The tuner's model (moved from the tuner): the padded arrays' bytes at 85%; not
     worth timing above 3 slots per non-zero."""
-    from pyspmv_cl.tuning.features import MatrixFeatures
+    from pyspmv_cl.features import MatrixFeatures
 
     from pyspmv_cl.formats.ellr_t import ELLRT
 

@@ -1,6 +1,6 @@
 """Benchmark runner behind ``pyspmv-cl bench``.
 
-Metrics (DESIGN.md): GFLOP/s = 2*nnz / t; effective GB/s = minimum bytes (CSR with
+Metrics (ARCHITECTURE.md, Tests and benchmarks): GFLOP/s = 2*nnz / t; effective GB/s = minimum bytes (CSR with
 32-bit indices + x read once + y written once) / t, also as a percentage of the
 device's copy bandwidth measured with our own copy kernel (the roofline).  Kernel
 times are medians of device-side profiling events after warm-up; ``call ms`` is the
@@ -435,7 +435,7 @@ def stderr_progress(total=None):
 
 def plot_roofline(env, results, path):
     """A roofline-style chart: GFLOP/s against arithmetic intensity (2*nnz flops per
-    minimum byte, DESIGN.md's metric), one marker per implementation, and the
+    minimum byte), one marker per implementation, and the
     memory roof at the measured copy bandwidth.  Needs matplotlib (the bench extra)."""
     try:
         import matplotlib

@@ -10,7 +10,7 @@ from .registry import get_format, register, registered
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-#: Every format, name -> class, in canonical order (DESIGN.md's list).
+#: Every format, name -> class, in canonical order (their declared order).
 FORMATS = registered()
 
 __all__ = ["FORMATS", "get_format", "register", "registered"]

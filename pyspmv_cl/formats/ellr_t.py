@@ -15,7 +15,7 @@ Parameters: ``T`` (1, 2, 4, ... up to the SIMD width, 64 at most), ``work_group_
 (the paper's ``BS``, a multiple of ``T``) and ``max_padding`` (as ``ell``: refuse when
 the padded arrays exceed that many times the non-zeros, default 20, unless under
 1 MiB).  ``T`` and ``BS`` left out are chosen by the paper's model
-(:func:`pyspmv_cl.tuning.ellrt_model`, with one access per half-warp for reading
+(:func:`pyspmv_cl.formats.ellrt_model.ellrt_model`, with one access per half-warp for reading
 ``rl``) from the row lengths, the device's compute units and SIMD width, over block
 sizes 128, 256 and 512 (what fits the device).  On CPU devices, where each barrier
 splits the work-item loop (PoCL), ``T`` defaults to 1.
@@ -39,7 +39,7 @@ from .ellrt_model import DEFAULT_BLOCK_SIZES, ellrt_model
 from .registry import register
 
 # One coalesced read of rl[] per half-warp besides the row's entries (see
-# pyspmv_cl.tuning.ellrt: it reproduces the paper's Table 1 rows we can rebuild).
+# pyspmv_cl.formats.ellrt_model: it reproduces the paper's Table 1 rows we can rebuild).
 MODEL_OVERHEAD = 1
 # The tuner times ELLR-T only when padding every row to the longest costs at most this
 # many slots per non-zero.
