@@ -232,8 +232,8 @@ def test_bad_parameters(bad, device, rng):
 def test_estimate_cost(device):
     """The tuner's model (moved from the tuner): the diagonal slots' bytes; not worth
     timing for rows too uneven to count diagonals or a fill above 3."""
-    from pyspmv_cl.formats.dia import DIA
     from pyspmv_cl.features import MatrixFeatures
+    from pyspmv_cl.formats.dia import DIA
 
     f = MatrixFeatures(n_rows=1000, n_cols=1000, nnz=2990, mean_row_length=2.99,
                        max_row_length=3, std_row_length=0.1, empty_rows=0, diagonals=3)

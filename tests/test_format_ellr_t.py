@@ -219,7 +219,6 @@ def test_estimate_cost(device):
     """The tuner's model (moved from the tuner): the padded arrays' bytes at 85%; not
     worth timing above 3 slots per non-zero."""
     from pyspmv_cl.features import MatrixFeatures
-
     from pyspmv_cl.formats.ellr_t import ELLRT
 
     f = MatrixFeatures(n_rows=1000, n_cols=1000, nnz=5000, mean_row_length=5.0,

@@ -1,6 +1,6 @@
 """Benchmark runner behind ``pyspmv-cl bench``.
 
-Metrics (ARCHITECTURE.md, Tests and benchmarks): GFLOP/s = 2*nnz / t; effective GB/s = minimum bytes (CSR with
+Metrics: GFLOP/s = 2*nnz / t; effective GB/s = minimum bytes (CSR with
 32-bit indices + x read once + y written once) / t, also as a percentage of the
 device's copy bandwidth measured with our own copy kernel (the roofline).  Kernel
 times are medians of device-side profiling events after warm-up; ``call ms`` is the
@@ -24,7 +24,7 @@ import scipy.sparse as sp
 from .. import codegen
 from .._version import __version__
 from ..cache import get_program
-from ..formats.base import format_bytes, program_kernels
+from ..formats.base import format_bytes
 from ..launching import launch_kernel, launches_seconds
 from ..matrix import SpMV
 from .generators import from_spec
@@ -61,7 +61,8 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
         nbytes = min(256 << 20, profile.max_alloc_size // 2, profile.global_mem_size // 8)
     n_vec = max(1, nbytes // 16)
     program = get_program(device.context, device.cl_device, codegen.helper("copy.cl"))
-    kernel = program_kernels(program, ["copy_float4"])["copy_float4"]
+    # all_kernels: pyopencl's attribute lookup would probe the driver per attribute.
+    kernel = {k.function_name: k for k in program.all_kernels()}["copy_float4"]
     queue = device.queue
     src = cl.Buffer(device.context, cl.mem_flags.READ_ONLY, n_vec * 16)
     dst = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, n_vec * 16)
