@@ -69,23 +69,7 @@ ${c.store_y("row_", v + "[" + str(jr) + "]")}
 % endfor
 </%def>
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void bccoo_tiles(const pos_t n_rows,
-                 const pos_t value_stride,
-                 __global const flag_t *restrict flags,
-% if col_compress:
-                 __global const short *restrict col_delta,
-% endif
-                 __global const col_t *restrict cols,
-                 __global const real_t *restrict values,
-                 __global const pos_t *restrict first_entry,
-                 __global const uchar *restrict group_full,
-                 __global const real_t *restrict x,
-                 __global real_t *restrict y,
-                 __global real_t *restrict head_vals,
-                 __global real_t *restrict tail_vals,
-                 const real_t alpha,
-                 const real_t beta)
+${signature("bccoo_tiles")}
 {
     __local real_t last_partial_sums[WG * H];
     __local uchar starts[WG];
@@ -257,14 +241,7 @@ ${emit("group_row + i", "v")}
 % endif
 }
 
-__kernel void bccoo_carries(const pos_t n_groups,
-                            const pos_t n_rows,
-                            __global const pos_t *restrict first_entry,
-                            __global const real_t *restrict head_vals,
-                            __global const real_t *restrict tail_vals,
-                            __global real_t *restrict y,
-                            const real_t alpha,
-                            const real_t beta)
+${signature("bccoo_carries")}
 {
     const pos_t g = get_global_id(0);
     if (g >= n_groups)
@@ -286,12 +263,7 @@ ${emit("row", "v")}
 }
 
 % if sliced:
-__kernel void bccoo_combine(const pos_t n_rows,
-                            const pos_t slice_stride,
-                            __global const real_t *restrict partial,
-                            __global real_t *restrict y,
-                            const real_t alpha,
-                            const real_t beta)
+${signature("bccoo_combine")}
 {
     const pos_t i = get_global_id(0);
     if (i >= n_rows)

@@ -92,20 +92,7 @@ ${c.store_y("row", "sum")}
         sum += values[base + ${offset}] * x[col_idx[base + ${offset}]];
 </%def>
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void csr5_compute(const index_t n_tiles,
-                  __global const tile_ptr_t *restrict tile_ptr,
-                  __global const uint *restrict tile_desc,
-                  __global const index_t *restrict empty_offset_ptr,
-                  __global const index_t *restrict empty_offset,
-                  __global const index_t *restrict col_idx,
-                  __global const real_t *restrict values,
-                  __global const real_t *restrict x,
-                  __global real_t *restrict y,
-                  __global real_t *restrict head,
-                  __global real_t *restrict tail,
-                  const real_t alpha,
-                  const real_t beta)
+${signature("csr5_compute")}
 {
     __local real_t s_red[WG];
 % if segmented_sum == "scan":
@@ -213,22 +200,7 @@ ${c.store_y("row", "total")}
     }
 }
 
-__kernel void csr5_calibrate(const index_t n_tiles,
-                             const index_t n_full_tiles,
-                             const index_t tail_row_begin,
-                             const index_t n_tail_rows,
-                             const index_t n_empty_rows,
-                             __global const index_t *restrict empty_rows,
-                             __global const index_t *restrict row_ptr,
-                             __global const tile_ptr_t *restrict tile_ptr,
-                             __global const index_t *restrict col_idx,
-                             __global const real_t *restrict values,
-                             __global const real_t *restrict x,
-                             __global real_t *restrict y,
-                             __global const real_t *restrict head,
-                             __global const real_t *restrict tail,
-                             const real_t alpha,
-                             const real_t beta)
+${signature("csr5_calibrate")}
 {
     const index_t g = (index_t)get_global_id(0);
     if (g < n_tiles) {
@@ -282,10 +254,7 @@ ${c.store_y("r", "(real_t)0")}
 }
 
 % if run_group:
-__kernel __attribute__((reqd_work_group_size(RUN_GROUP, 1, 1)))
-void csr5_run_sums(const index_t n_full_tiles,
-                   __global const tile_ptr_t *restrict tile_ptr,
-                   __global real_t *restrict head)
+${signature("csr5_run_sums")}
 {
     __local real_t s_sum[RUN_GROUP];
     __local index_t s_row[RUN_GROUP];

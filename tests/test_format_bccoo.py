@@ -4,8 +4,8 @@ block row, first result entries), every block shape, every bit-flag word, both
 strategies, slices, offline transpose, column-delta compression, both scans, result
 caches that overflow, rows across many groups (the carry kernel), the int column path
 of matrices wider than 65535, fill entries that must not multiply Inf/NaN in x,
-duplicates, GPU-shaped profiles, nbytes == the arrays == the static footprint, the
-tuner's block-shape pruning and parameter validation."""
+duplicates, GPU-shaped profiles, nbytes == the arrays and scratch == the static
+footprint, the tuner's block-shape pruning and parameter validation."""
 
 import itertools
 
@@ -307,7 +307,9 @@ def test_nbytes_is_the_sum_of_arrays_and_the_static_footprint(params, dtype, dev
     A = uneven(rng)
     op = bccoo_op(A, dtype, device, **params)
     impl = op._impl
-    assert op.nbytes == sum(b.size for b in impl.buffers.values())
+    # The scratch buffers (per-group carries, BCCOO+'s partial results) count too.
+    assert op.nbytes == (sum(b.size for b in impl.buffers.values())
+                         + sum(impl.scratch_sizes().values()))
     p = op.params
     assert op.nbytes == BCCOO.footprint(
         A, p["block_height"], p["block_width"], dtype, slices=p["slices"],

@@ -15,10 +15,11 @@ adjacent synchronisation (a spin on the previous group, GPU-only: not built).
 """
 
 import numpy as np
-import pyopencl as cl
 
 from .. import codegen
-from .base import Launch, SpMVFormat, pow2_floor
+from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
+from . import params as P
+from .base import SpMVFormat, pow2_floor, round_up
 from .bccoo_convert import (
     FLAG_TYPES,
     USHORT_COLS_LIMIT,
@@ -28,6 +29,7 @@ from .bccoo_convert import (
     layout,
     tile_geometry,
 )
+from .registry import register
 
 BLOCK_HEIGHTS = (1, 2, 3, 4)
 BLOCK_WIDTHS = (1, 2, 4)
@@ -47,22 +49,47 @@ SHAPE_SAMPLE_NNZ = 1 << 18
 SHAPE_SAMPLE_BANDS = 8
 
 
-def _is_int(v):
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _col_dtype(n_cols, index_dtype, col_compress):
     if n_cols < USHORT_COLS_LIMIT and not col_compress:
         return np.dtype(np.uint16)
     return np.dtype(index_dtype)
 
 
+def scratch_bytes(n_rows, n_groups, block_height, slices, itemsize):
+    """Bytes of the device work buffers: each group's head and tail sums (one per block
+    row), and for BCCOO+ the slices' partial results."""
+    h = block_height
+    total = 2 * n_groups * h * itemsize
+    if slices > 1:
+        total += slices * _slice_stride(n_rows, h) * itemsize
+    return int(total)
+
+
+def _slice_stride(n_rows, block_height):
+    """Rows of one slice's partial results (whole block rows)."""
+    return -(-int(n_rows) // block_height) * block_height
+
+
+@register
 class BCCOO(SpMVFormat):
     name = "bccoo"
+    order = 10
     template = "bccoo.mako"
-    param_names = ("block_height", "block_width", "flag_bits", "slices", "strategy",
-                   "tile_size", "work_group_size", "transpose", "col_compress",
-                   "result_cache", "scan")
+    params = (
+        P.Param("block_height", P.one_of(*BLOCK_HEIGHTS), "rows of a block"),
+        P.Param("block_width", P.one_of(*BLOCK_WIDTHS), "columns of a block"),
+        P.Param("flag_bits", P.one_of(*FLAG_BITS), "bits of a bit-flag word"),
+        P.Param("slices", P.integer(1, MAX_SLICES), "vertical slices (BCCOO+ when > 1)"),
+        P.Param("strategy", P.one_of(1, 2),
+                "1: per-thread intermediate sums; 2: per-group result cache"),
+        P.Param("tile_size", P.integer(1, MAX_TILE), "blocks per work-item"),
+        P.work_group_size(),
+        P.Param("transpose", P.boolean(), "tiles stored transposed (coalesced on GPUs)"),
+        P.Param("col_compress", P.boolean(), "block columns delta-compressed into short"),
+        P.Param("result_cache", P.integer(1, MAX_CACHE),
+                "strategy 2's cache rows, in multiples of the work-group size"),
+        P.Param("scan", P.one_of(*SCANS), "the segmented scan of the threads' tails"),
+    )
 
     # -- parameters -------------------------------------------------------------
     @classmethod
@@ -114,19 +141,23 @@ class BCCOO(SpMVFormat):
     def footprint(csr, block_height=1, block_width=1, dtype=np.float32, *, slices=1,
                   tile_size=16, work_group_size=256, flag_bits=16, col_compress=False,
                   index_bits=32):
-        """Bytes of the format's arrays (what ``nbytes`` reports) for this block shape,
-        without building anything on a device: the paper's footprint (Table 3)."""
+        """Bytes of the format's arrays and scratch buffers (what ``nbytes`` reports) for
+        this block shape, without building anything on a device: the paper's footprint
+        (Table 3), plus the per-group carries and BCCOO+'s partial results."""
         n_blocks, n_dummies = count_blocks(csr, block_height, block_width, slices)
         index_dtype = np.dtype(np.int64 if index_bits == 64 else np.int32)
         col_bytes = _col_dtype(csr.shape[1], index_dtype, col_compress).itemsize
         nb_pad = tile_geometry(n_blocks + n_dummies, tile_size, work_group_size)[0]
         pos_bytes = _pos_dtype(csr.shape[0], nb_pad, block_height, block_width, slices,
                                index_dtype).itemsize
+        itemsize = np.dtype(dtype).itemsize
+        n_groups = tile_geometry(n_blocks + n_dummies, tile_size, work_group_size)[2]
         return footprint_bytes(n_blocks + n_dummies, block_height, block_width,
-                               itemsize=np.dtype(dtype).itemsize, tile_size=tile_size,
+                               itemsize=itemsize, tile_size=tile_size,
                                work_group_size=work_group_size, flag_bits=flag_bits,
                                col_bytes=col_bytes, col_compress=col_compress,
-                               pos_bytes=pos_bytes)
+                               pos_bytes=pos_bytes) + scratch_bytes(
+            csr.shape[0], n_groups, block_height, slices, itemsize)
 
     @classmethod
     def block_footprints(cls, csr, dtype=np.float32, **kw):
@@ -134,124 +165,102 @@ class BCCOO(SpMVFormat):
         return {(h, w): cls.footprint(csr, h, w, dtype, **kw)
                 for h in BLOCK_HEIGHTS for w in BLOCK_WIDTHS}
 
-    @classmethod
-    def check_params(cls, params):
-        def choice(key, allowed):
-            if params.get(key) not in allowed or isinstance(params.get(key), bool):
-                raise ValueError(f"bccoo: {key} must be one of {allowed}, not "
-                                 f"{params.get(key)!r}")
+    # -- construction --------------------------------------------------------------------
+    def analyse(self, csr):
+        """The blocks, and from them the position and column types the kernels are
+        written with (the layout waits for the final work-group size)."""
+        p = self.params
+        h, w, S = p["block_height"], p["block_width"], p["slices"]
+        self._blocks = build_blocks(csr, h, w, S, self.dtype)
+        # The group size may still shrink in the build: padding to today's is an upper
+        # bound of the positions.
+        nb_upper = tile_geometry(self._blocks.n_blocks, p["tile_size"],
+                                 p["work_group_size"])[0]
+        self.pos_dtype = _pos_dtype(csr.shape[0], nb_upper, h, w, S, self.index_dtype)
+        self.col_dtype = _col_dtype(csr.shape[1], self.index_dtype, p["col_compress"])
+        self.slice_stride = _slice_stride(self.shape[0], h)
 
-        choice("block_height", BLOCK_HEIGHTS)
-        choice("block_width", BLOCK_WIDTHS)
-        choice("flag_bits", FLAG_BITS)
-        choice("strategy", (1, 2))
-        choice("scan", SCANS)
-        for key, hi in (("slices", MAX_SLICES), ("tile_size", MAX_TILE),
-                        ("result_cache", MAX_CACHE)):
-            v = params.get(key)
-            if not _is_int(v) or not 1 <= v <= hi:
-                raise ValueError(f"bccoo: {key} must be an integer in 1..{hi}, not {v!r}")
-            params[key] = int(v)
-        for key in ("transpose", "col_compress"):
-            v = params.get(key)
-            if not isinstance(v, (bool, np.bool_)):
-                raise ValueError(f"bccoo: {key} must be True or False, not {v!r}")
-            params[key] = bool(v)
+    def template_params(self):
+        p = self.params
+        return {
+            "pos_t": codegen.c_type(self.pos_dtype), "flag_t": FLAG_C_TYPES[p["flag_bits"]],
+            "col_t": "ushort" if self.col_dtype == np.uint16 else codegen.c_type(
+                self.col_dtype),
+            "tile_size": p["tile_size"], "block_height": p["block_height"],
+            "block_width": p["block_width"], "flag_bits": p["flag_bits"],
+            "n_words": -(-p["tile_size"] // p["flag_bits"]), "strategy": p["strategy"],
+            # The cache is a multiple of the group size: rendered again when it shrinks.
+            "cache_rows": p["result_cache"] * p["work_group_size"], "scan": p["scan"],
+            "transpose": p["transpose"], "col_compress": p["col_compress"],
+            "sliced": p["slices"] > 1, "slices": p["slices"]}
 
-    # -- construction ------------------------------------------------------------
-    def __init__(self, csr, device, dtype, params):
-        self.check_params(params)
-        super().__init__(csr, device, dtype, params)
-        self._allocate_scratch()
+    def type_names(self):
+        return {"pos_t": self.pos_dtype}
 
-    def _local_bytes(self, work_group_size):
+    def kernel_specs(self):
+        p = self.params
+        first_entry = matrix("first_entry", "pos_t")
+        head, tail = scratch("head_vals"), scratch("tail_vals")
+        tiles = (scalar("n_rows", "pos_t"), scalar("value_stride", "pos_t"),
+                 matrix("flags", "flag_t"),
+                 *((matrix("col_delta", "short"),) if p["col_compress"] else ()),
+                 matrix("cols", "col_t"), matrix("values", "real_t"), first_entry,
+                 matrix("group_full", "uchar"), X_ARG, Y_ARG, head, tail, ALPHA_ARG, BETA_ARG)
+        specs = [KernelSpec("bccoo_tiles", tiles, fixed_group=True),
+                 KernelSpec("bccoo_carries", (
+                     scalar("n_groups", "pos_t"), scalar("n_rows", "pos_t"), first_entry,
+                     head, tail, Y_ARG, ALPHA_ARG, BETA_ARG))]
+        if p["slices"] > 1:
+            specs.append(KernelSpec("bccoo_combine", (
+                scalar("n_rows", "pos_t"), scalar("slice_stride", "pos_t"),
+                scratch("partial"), Y_ARG, ALPHA_ARG, BETA_ARG)))
+        return specs
+
+    def local_bytes(self, work_group_size):
         p = self.params
         rows = work_group_size * (1 + (p["result_cache"] if p["strategy"] == 2 else 0))
         return rows * p["block_height"] * self.dtype.itemsize + work_group_size
 
-    def _convert(self, csr):
+    def convert(self, csr):
         p = self.params
-        h, w, S = p["block_height"], p["block_width"], p["slices"]
-        self.blocks = build_blocks(csr, h, w, S, self.dtype)
-        nb_upper = tile_geometry(self.blocks.n_blocks, p["tile_size"],
-                                 p["work_group_size"])[0]
-        self.pos_dtype = _pos_dtype(csr.shape[0], nb_upper, h, w, S, self.index_dtype)
-        self.col_dtype = _col_dtype(csr.shape[1], self.index_dtype, p["col_compress"])
-        self._build()   # may shrink the work-group size, which the layout depends on
         arrays, self.geometry = layout(
-            self.blocks, tile_size=p["tile_size"], work_group_size=p["work_group_size"],
+            self._blocks, tile_size=p["tile_size"], work_group_size=p["work_group_size"],
             flag_bits=p["flag_bits"], transpose=p["transpose"],
             col_compress=p["col_compress"], col_dtype=self.col_dtype,
             pos_dtype=self.pos_dtype, dtype=self.dtype)
-        del self.blocks
+        del self._blocks
         return arrays
 
-    def _build(self):
-        p = self.params
-        kernels = ["bccoo_tiles", "bccoo_carries"] + (["bccoo_combine"] if p["slices"] > 1
-                                                      else [])
-        self._bccoo_kernels, wg = self.build_kernels(
-            self.template, kernels, p["work_group_size"],
-            pos_t=codegen.c_type(self.pos_dtype), flag_t=FLAG_C_TYPES[p["flag_bits"]],
-            col_t="ushort" if self.col_dtype == np.uint16 else codegen.c_type(self.col_dtype),
-            tile_size=p["tile_size"], block_height=p["block_height"],
-            block_width=p["block_width"], flag_bits=p["flag_bits"],
-            n_words=-(-p["tile_size"] // p["flag_bits"]), strategy=p["strategy"],
-            cache_rows=p["result_cache"] * p["work_group_size"], scan=p["scan"],
-            transpose=p["transpose"], col_compress=p["col_compress"],
-            sliced=p["slices"] > 1, slices=p["slices"])
-        if wg != p["work_group_size"]:
-            p["work_group_size"] = wg
-            self._build()   # the cache size is a multiple of the group size: re-render
-
-    def _allocate_scratch(self):
+    def scratch_sizes(self):
         """Per-group head/tail sums and, for BCCOO+, the slices' partial results."""
-        ctx, rw = self.device.context, cl.mem_flags.READ_WRITE
-        h, real = self.params["block_height"], self.dtype.itemsize
-        n_groups = self.geometry["n_groups"]
-        self.head_vals = cl.Buffer(ctx, rw, max(1, n_groups * h) * real)
-        self.tail_vals = cl.Buffer(ctx, rw, max(1, n_groups * h) * real)
-        self.slice_stride = -(-self.shape[0] // h) * h
-        self.partial = None
-        if self.params["slices"] > 1:
-            n = self.params["slices"] * self.slice_stride
-            self.partial = cl.Buffer(ctx, rw, max(1, n) * real)
-        self.scratch_nbytes = 2 * n_groups * h * real + (
-            self.params["slices"] * self.slice_stride * real if self.partial else 0)
+        p, real = self.params, self.dtype.itemsize
+        h, n_groups = p["block_height"], self.geometry["n_groups"]
+        sizes = {"head_vals": n_groups * h * real, "tail_vals": n_groups * h * real}
+        if p["slices"] > 1:
+            sizes["partial"] = p["slices"] * self.slice_stride * real
+        assert sum(sizes.values()) == scratch_bytes(self.shape[0], n_groups, h, p["slices"],
+                                                    real)
+        return sizes
 
-    def kernel(self):
-        return self._bccoo_kernels
-
-    def launches(self, x_buf, y_buf, alpha, beta):
+    # -- launching ------------------------------------------------------------------------
+    def launches(self, beta):
         p, g = self.params, self.geometry
         m = self.shape[0]
         if g["n_groups"] == 0:   # m == 0: nothing to do
             return []
-        sliced = p["slices"] > 1
-        out = self.partial if sliced else y_buf
-        pos = self.pos_dtype.type
-        b = self.buffers
-        args = [pos(m), pos(g["n_blocks_padded"] * p["block_width"]), b["flags"]]
-        if p["col_compress"]:
-            args.append(b["col_delta"])
-        args += [b["cols"], b["values"], b["first_entry"], b["group_full"], x_buf, out,
-                 self.head_vals, self.tail_vals, alpha, beta]
+        # BCCOO+: the tiles and carries write the slices' partial results, which the
+        # combine kernel adds into y.
+        out = {"y": self.scratch["partial"]} if p["slices"] > 1 else {}
         wg = p["work_group_size"]
         aux = min(AUX_WORK_GROUP_SIZE, pow2_floor(self.profile.max_work_group_size))
-        kernels = self._bccoo_kernels
-        plan = [Launch(kernels["bccoo_tiles"], tuple(args), g["n_groups"] * wg, wg),
-                Launch(kernels["bccoo_carries"], (
-                    pos(g["n_groups"]), pos(m), b["first_entry"], self.head_vals,
-                    self.tail_vals, out, alpha, beta), _round_up(g["n_groups"], aux), aux)]
-        if sliced:
-            plan.append(Launch(kernels["bccoo_combine"], (
-                pos(m), pos(self.slice_stride), self.partial, y_buf, alpha, beta),
-                _round_up(m, aux), aux))
+        plan = [self.step("bccoo_tiles", g["n_groups"] * wg, wg, n_rows=m,
+                          value_stride=g["n_blocks_padded"] * p["block_width"], **out),
+                self.step("bccoo_carries", round_up(g["n_groups"], aux), aux,
+                          n_groups=g["n_groups"], n_rows=m, **out)]
+        if p["slices"] > 1:
+            plan.append(self.step("bccoo_combine", round_up(m, aux), aux, n_rows=m,
+                                  slice_stride=self.slice_stride))
         return plan
-
-
-def _round_up(n, k):
-    return max(1, -(-int(n) // k)) * k
 
 
 def _pos_dtype(n_rows, nb_pad, h, w, slices, index_dtype):

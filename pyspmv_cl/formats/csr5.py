@@ -28,11 +28,18 @@ adds one value per group rather than one per tile (a serial chain of thousands o
 otherwise).
 """
 
+import dataclasses
+import typing
+
 import numpy as np
 import pyopencl as cl
 
-from .base import Launch, SpMVFormat, pow2_floor
+from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
+from ..errors import InvalidParameterError
+from . import params as P
+from .base import SpMVFormat, pow2_floor, round_up
 from .csr5_model import bounds_for, sigma_rule
+from .registry import register
 
 MAX_OMEGA = 1024
 MAX_SIGMA = 512
@@ -62,28 +69,28 @@ def field_bits(omega, sigma):
     return y_bits, seg_bits, words
 
 
-def _check_int(name, value, low, high):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not \
-            low <= value <= high:
-        raise ValueError(f"csr5: {name} must be an integer in [{low}, {high}], not {value!r}")
-    return int(value)
+def _pos_type(m, nnz, tile):
+    """Positions in 32 bits while they fit (faster integer division)."""
+    return np.int32 if nnz + 2 * tile < 2**31 and m < 2**31 - 1 else np.int64
 
 
-def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype):
-    """The CSR5 host arrays of a CSR matrix (vectorised: work over rows and tiles, plus
-    the transposition of the complete tiles)."""
-    index_dtype, value_dtype = np.dtype(index_dtype), np.dtype(value_dtype)
+class TileRows(typing.NamedTuple):
+    """Where the tiles start among the rows: what the kernel source and the launches
+    need before conversion, and what the conversion reuses."""
+    first_row: np.ndarray   # (p + 1,) the non-empty row of each tile's first entry; m last
+    has_empty: np.ndarray   # (p,) empty rows lie between a tile's first row and the next's
+    nonempty: np.ndarray    # the non-empty rows, ascending
+
+
+def tile_rows(indptr, omega, sigma):
+    """Each tile's first row and whether empty rows follow it (vectorised over tiles:
+    one search per tile and one pass over the rows)."""
     m = len(indptr) - 1
-    nnz = int(indptr[-1])
+    nnz = int(indptr[-1]) if m >= 0 else 0
     tile = omega * sigma
-    p_full, p = nnz // tile, -(-nnz // tile)
-    y_bits, seg_bits, words = field_bits(omega, sigma)
-    flag_shift = y_bits + seg_bits
-    # Positions in 32 bits while they fit (faster integer division).
-    pos_t = np.int32 if nnz + 2 * tile < 2**31 and m < 2**31 - 1 else np.int64
+    p = -(-nnz // tile)
+    pos_t = _pos_type(m, nnz, tile)
     indptr = np.asarray(indptr).astype(pos_t, copy=False)
-
-    # tile_ptr: the (non-empty) row holding each tile's first entry; m past the end.
     bounds = np.minimum(np.arange(p + 1, dtype=np.int64) * tile, nnz).astype(pos_t)
     first_row = np.searchsorted(indptr, bounds, side="right") - 1
     nonempty = np.flatnonzero(indptr[1:] != indptr[:-1]).astype(pos_t, copy=False)
@@ -91,10 +98,30 @@ def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype):
     # minus the non-empty ones (first_row is always non-empty, m counts as such).
     rank = np.searchsorted(nonempty, first_row)
     has_empty = np.diff(first_row) - 1 > np.diff(rank) - 1
+    return TileRows(first_row, has_empty, nonempty)
+
+
+def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype, rows=None):
+    """The CSR5 host arrays of a CSR matrix (vectorised: work over rows and tiles, plus
+    the transposition of the complete tiles); ``rows``: :func:`tile_rows` of it, when
+    already known."""
+    index_dtype, value_dtype = np.dtype(index_dtype), np.dtype(value_dtype)
+    m = len(indptr) - 1
+    nnz = int(indptr[-1])
+    tile = omega * sigma
+    p_full = nnz // tile
+    y_bits, seg_bits, words = field_bits(omega, sigma)
+    flag_shift = y_bits + seg_bits
+    pos_t = _pos_type(m, nnz, tile)
+    indptr = np.asarray(indptr).astype(pos_t, copy=False)
+    first_row, has_empty, nonempty = rows if rows is not None else tile_rows(indptr, omega,
+                                                                             sigma)
+
+    # tile_ptr: the (non-empty) row holding each tile's first entry; m past the end.
     ptr_type = np.uint32 if index_dtype.itemsize == 4 else np.uint64
     sign = ptr_type(1) << ptr_type(8 * index_dtype.itemsize - 1)
     tile_ptr = first_row.astype(ptr_type)
-    tile_ptr[:p][has_empty] |= sign
+    tile_ptr[:-1][has_empty] |= sign
 
     # Row starts inside the complete tiles, plus each tile's first entry (always flagged).
     starts = indptr[nonempty]
@@ -181,10 +208,33 @@ def untranspose_tiles(a, omega, sigma):
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _OwnGroupSpec(KernelSpec):
+    """A kernel whose required work-group size is its own (``group_size``: csr5's
+    ``run_group``), not the format's ``work_group_size``."""
+
+    group_size: int = 1
+
+    def signature(self, work_group_size):
+        return super().signature(self.group_size)
+
+
+@register
 class CSR5(SpMVFormat):
     name = "csr5"
+    order = 9
     template = "csr5.mako"
-    param_names = ("omega", "sigma", "work_group_size", "segmented_sum", "run_group")
+    params = (
+        P.Param("omega", P.integer(1, MAX_OMEGA, power_of_two=True),
+                "tile width: work-items per tile (a power of two)"),
+        P.Param("sigma", P.integer(1, MAX_SIGMA), "tile height: entries per tile column"),
+        P.work_group_size("work-items per group of the compute kernel (omega per tile)"),
+        P.Param("segmented_sum", P.one_of(*SEGMENTED_SUMS),
+                "how a tile's columns join their partial rows"),
+        P.Param("run_group", P.or_words(P.integer(0), "auto"),
+                "tiles per group of the run-sums pass: 0 (off), a power of two, or 'auto' "
+                "(on when the longest row spans more than LONG_RUN_TILES tiles)"),
+    )
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -205,6 +255,22 @@ class CSR5(SpMVFormat):
                 "segmented_sum": segmented_sum, "run_group": "auto"}
 
     @classmethod
+    def check_params(cls, params, profile):
+        omega, wg = params["omega"], params["work_group_size"]
+        if wg % omega:
+            raise InvalidParameterError(
+                f"csr5: work_group_size must be a multiple of omega ({omega}), not {wg!r}")
+        run_group = params["run_group"]
+        if run_group != "auto":
+            limit = profile.max_work_group_size
+            if run_group > limit:
+                raise InvalidParameterError(
+                    f"csr5: run_group must be an integer in [0, {limit}], not {run_group!r}")
+            if run_group & (run_group - 1):
+                raise InvalidParameterError(
+                    f"csr5: run_group must be 0 (off) or a power of two, not {run_group}")
+
+    @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):
         """The rule's sigma and its neighbours half and twice it (kept within 2..64;
         section 5.4 finds the rule within a few per cent of the best sigma in 4..48)."""
@@ -217,67 +283,93 @@ class CSR5(SpMVFormat):
                 out.append({"sigma": s})
         return out
 
-    def __init__(self, csr, device, dtype, params):
-        params = dict(params)
-        omega = _check_int("omega", params.get("omega"), 1, MAX_OMEGA)
-        if omega & (omega - 1):
-            raise ValueError(f"csr5: omega must be a power of two, not {omega}")
-        params["omega"] = omega
-        params["sigma"] = _check_int("sigma", params.get("sigma"), 1, MAX_SIGMA)
-        wg = params.get("work_group_size")
-        if isinstance(wg, (int, np.integer)) and not isinstance(wg, bool) and wg % omega:
-            raise ValueError(f"csr5: work_group_size must be a multiple of omega ({omega}), "
-                             f"not {wg!r}")
-        run_group = params.get("run_group", "auto")
-        if run_group == "auto":     # on when the longest row spans many tiles
-            longest = int(np.diff(csr.indptr).max()) if csr.shape[0] else 0
-            # Its local memory: a value and an index (8 bytes at most) per work-item.
-            fits = device.profile.local_mem_size // (np.dtype(dtype).itemsize + 8)
-            run_group = 0 if longest <= LONG_RUN_TILES * omega * params["sigma"] else \
-                pow2_floor(max(1, min(RUN_GROUP, device.profile.max_work_group_size, fits)))
-        run_group = _check_int("run_group", run_group, 0, device.profile.max_work_group_size)
-        if run_group & (run_group - 1):
-            raise ValueError(f"csr5: run_group must be 0 (off) or a power of two, not "
-                             f"{run_group}")
-        params["run_group"] = run_group
-        if params.get("segmented_sum") not in SEGMENTED_SUMS:
-            raise ValueError(f"csr5: segmented_sum must be one of {SEGMENTED_SUMS}, not "
-                             f"{params.get('segmented_sum')!r}")
-        super().__init__(csr, device, dtype, params)
-        scratch = max(1, self.n_full_tiles) * self.dtype.itemsize
-        ctx, rw = device.context, cl.mem_flags.READ_WRITE
-        self.head = cl.Buffer(ctx, rw, scratch)
-        self.tail = cl.Buffer(ctx, rw, scratch)
-        self.nbytes += 2 * self.n_full_tiles * self.dtype.itemsize
-
-    def _local_bytes(self, work_group_size):
-        flags = 4 if self.params.get("segmented_sum") == "scan" else 0
-        return work_group_size * (self.dtype.itemsize + flags)
-
-    def _convert(self, csr):
+    # -- construction --------------------------------------------------------------------
+    def analyse(self, csr):
+        """Tile counts, the rows after the incomplete tile, the empty rows the tiles
+        cover, whether any complete tile needs ``empty_offset`` (the kernel source
+        depends on it) and ``run_group="auto"``: one pass over the rows and a search
+        per tile, kept for the conversion."""
         omega, sigma = self.params["omega"], self.params["sigma"]
-        m = csr.shape[0]
-        nnz = int(csr.indptr[-1]) if m else 0
+        m = self.shape[0]
         tile = omega * sigma
+        self.nnz = nnz = int(csr.indptr[-1]) if m else 0
         self.n_tiles = -(-nnz // tile)
         self.n_full_tiles = nnz // tile
-        arrays = tile_arrays(csr.indptr, csr.indices[:nnz], csr.data[:nnz], omega, sigma,
-                             self.index_dtype, self.dtype)
+        self._tile_rows = tile_rows(csr.indptr, omega, sigma)
+        first_row, has_empty, nonempty = self._tile_rows
+        self.has_empty_offset = bool(has_empty[:self.n_full_tiles].any())
         # Rows after the incomplete tile's first row go row by row (all of them when
         # nnz == 0); with no incomplete tile the last complete tile covers them.
         if self.n_tiles > self.n_full_tiles:
-            first_row = np.searchsorted(csr.indptr, self.n_full_tiles * tile, side="right") - 1
-            self.tail_row_begin = int(first_row) + 1
+            self.tail_row_begin = int(first_row[self.n_full_tiles]) + 1
         else:
             self.tail_row_begin = 0 if nnz == 0 else m
         self.n_tail_rows = m - self.tail_row_begin
-        self.has_empty_offset = "empty_offset" in arrays
         # Empty rows the tiles cover (the tail rows store their own): the calibrate
         # kernel zeroes them one work-item each.
+        self.n_empty_rows = self.tail_row_begin - int(
+            np.searchsorted(nonempty, self.tail_row_begin))
+        if self.params["run_group"] == "auto":     # on when the longest row spans many tiles
+            longest = int(np.diff(csr.indptr).max()) if m else 0
+            # Its local memory: a value and an index (8 bytes at most) per work-item.
+            fits = self.profile.local_mem_size // (self.dtype.itemsize + 8)
+            self.params["run_group"] = 0 if longest <= LONG_RUN_TILES * tile else \
+                pow2_floor(max(1, min(RUN_GROUP, self.profile.max_work_group_size, fits)))
+
+    def template_params(self):
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        y_bits, seg_bits, words = field_bits(omega, sigma)
+        return {"omega": omega, "sigma": sigma, "y_bits": y_bits, "seg_bits": seg_bits,
+                "desc_words": words, "segmented_sum": self.params["segmented_sum"],
+                "has_empty_offset": self.has_empty_offset,
+                "run_group": self.params["run_group"]}
+
+    def kernel_specs(self):
+        tile_ptr = matrix("tile_ptr", "tile_ptr_t")
+        head, tail = scratch("head"), scratch("tail")
+        specs = [
+            KernelSpec("csr5_compute", (
+                scalar("n_tiles", "index_t"), tile_ptr, matrix("tile_desc", "uint"),
+                matrix("empty_offset_ptr", "index_t"), matrix("empty_offset", "index_t"),
+                matrix("col_idx", "index_t"), matrix("values", "real_t"), X_ARG, Y_ARG,
+                head, tail, ALPHA_ARG, BETA_ARG), fixed_group=True),
+            KernelSpec("csr5_calibrate", (
+                *(scalar(n, "index_t") for n in ("n_tiles", "n_full_tiles", "tail_row_begin",
+                                                 "n_tail_rows", "n_empty_rows")),
+                matrix("empty_rows", "index_t"), matrix("row_ptr", "index_t"), tile_ptr,
+                matrix("col_idx", "index_t"), matrix("values", "real_t"), X_ARG, Y_ARG,
+                head, tail, ALPHA_ARG, BETA_ARG)),
+        ]
+        if self.params["run_group"]:
+            specs.append(_OwnGroupSpec(
+                "csr5_run_sums", (scalar("n_full_tiles", "index_t"), tile_ptr, head),
+                fixed_group=True, group_size=self.params["run_group"]))
+        return specs
+
+    def min_work_group_size(self):
+        return self.params["omega"]
+
+    def local_bytes(self, work_group_size):
+        flags = 4 if self.params["segmented_sum"] == "scan" else 0
+        return work_group_size * (self.dtype.itemsize + flags)
+
+    def convert(self, csr):
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        nnz = self.nnz
+        arrays = tile_arrays(csr.indptr, csr.indices[:nnz], csr.data[:nnz], omega, sigma,
+                             self.index_dtype, self.dtype, rows=self._tile_rows)
+        del self._tile_rows
+        assert ("empty_offset" in arrays) == self.has_empty_offset
         lengths = np.diff(csr.indptr[:self.tail_row_begin + 1])
         arrays["empty_rows"] = np.flatnonzero(lengths == 0).astype(self.index_dtype)
-        self.n_empty_rows = int(arrays["empty_rows"].size)
+        assert arrays["empty_rows"].size == self.n_empty_rows
         return arrays
+
+    def scratch_sizes(self):
+        """The sums each complete tile leaves for the calibrate kernel: of its first row
+        (``head``) and of a last row continuing into the next tile (``tail``)."""
+        size = self.n_full_tiles * self.dtype.itemsize
+        return {"head": size, "tail": size}
 
     def to_csr(self):
         """The matrix back in CSR (scipy), read from the device: exactly the CSR it was
@@ -301,57 +393,29 @@ class CSR5(SpMVFormat):
         A.has_sorted_indices = False  # as stored: never re-sorted
         return A
 
-    # -- kernels ------------------------------------------------------------------------
-    def _template_params(self):
-        omega, sigma = self.params["omega"], self.params["sigma"]
-        y_bits, seg_bits, words = field_bits(omega, sigma)
-        return {"omega": omega, "sigma": sigma, "y_bits": y_bits, "seg_bits": seg_bits,
-                "desc_words": words, "segmented_sum": self.params["segmented_sum"],
-                "has_empty_offset": self.has_empty_offset,
-                "run_group": self.params["run_group"]}
-
-    def kernel(self):
-        if not self._kernels:
-            names = ["csr5_compute", "csr5_calibrate"]
-            if self.params["run_group"]:
-                names.append("csr5_run_sums")
-            kernels, wg = self.build_kernels(
-                self.template, names,
-                self.params["work_group_size"], min_work_group_size=self.params["omega"],
-                **self._template_params())
-            self.params["work_group_size"] = wg
-            self._kernels.update(kernels)
-        return self._kernels
-
-    def launches(self, x_buf, y_buf, alpha, beta):
-        kernels = self.kernel()
-        idx = self.index_dtype.type
-        b = self.buffers
+    # -- launching ------------------------------------------------------------------------
+    def launches(self, beta):
         out = []
         if self.n_full_tiles:
             wg = self.params["work_group_size"]
             tiles_per_group = wg // self.params["omega"]
             groups = -(-self.n_full_tiles // tiles_per_group)
             # Without empty rows empty_offset is never read: row_ptr stands in for it.
-            eo_ptr = b.get("empty_offset_ptr", b["row_ptr"])
-            eo = b.get("empty_offset", b["row_ptr"])
-            out.append(Launch(kernels["csr5_compute"], (
-                idx(self.n_full_tiles), b["tile_ptr"], b["tile_desc"], eo_ptr, eo,
-                b["col_idx"], b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta),
-                groups * wg, wg))
+            stand_in = {} if self.has_empty_offset else {
+                "empty_offset_ptr": self.buffers["row_ptr"],
+                "empty_offset": self.buffers["row_ptr"]}
+            out.append(self.step("csr5_compute", groups * wg, wg, n_tiles=self.n_full_tiles,
+                                 **stand_in))
             run_group = self.params["run_group"]
             if run_group:
                 groups = -(-self.n_full_tiles // run_group)
-                out.append(Launch(kernels["csr5_run_sums"],
-                                  (idx(self.n_full_tiles), b["tile_ptr"], self.head),
-                                  groups * run_group, run_group))
+                out.append(self.step("csr5_run_sums", groups * run_group, run_group,
+                                     n_full_tiles=self.n_full_tiles))
         work = self.n_tiles + self.n_tail_rows + self.n_empty_rows
         if work:   # m == 0 leaves nothing to launch
             cwg = min(CALIBRATE_WORK_GROUP_SIZE, self.profile.max_work_group_size)
-            out.append(Launch(kernels["csr5_calibrate"], (
-                idx(self.n_tiles), idx(self.n_full_tiles), idx(self.tail_row_begin),
-                idx(self.n_tail_rows), idx(self.n_empty_rows), b["empty_rows"],
-                b["row_ptr"], b["tile_ptr"], b["col_idx"],
-                b["values"], x_buf, y_buf, self.head, self.tail, alpha, beta),
-                -(-work // cwg) * cwg, cwg))
+            out.append(self.step(
+                "csr5_calibrate", round_up(work, cwg), cwg, n_tiles=self.n_tiles,
+                n_full_tiles=self.n_full_tiles, tail_row_begin=self.tail_row_begin,
+                n_tail_rows=self.n_tail_rows, n_empty_rows=self.n_empty_rows))
         return out
