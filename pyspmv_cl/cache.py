@@ -56,10 +56,20 @@ def _entry_path(root, key):
     return root / "kernels-v1" / key[:2] / f"{key}.bin"
 
 
+_derived = []   # memos of programs kept above this module (formats/builder.py)
+
+
+def register_memory(memo):
+    """Have ``clear_memory`` also empty ``memo`` (a dict of programs kept elsewhere)."""
+    _derived.append(memo)
+
+
 def clear_memory():
     """Forget every in-memory program (tests use this to reach the disk layer)."""
     with _lock:
         _memory.clear()
+        for memo in _derived:
+            memo.clear()
 
 
 def _load_entry(path, key):

@@ -15,8 +15,7 @@ import threading
 import numpy as np
 import pyopencl as cl
 
-from .. import codegen
-from ..cache import get_program
+from .. import cache, codegen
 from ..codegen import KernelSpec
 
 
@@ -41,6 +40,7 @@ class ProgramSpec:
 
 _memo: dict = {}
 _lock = threading.Lock()
+cache.register_memory(_memo)   # cache.clear_memory() means "as a new process" here too
 
 
 def _freeze(value):
@@ -72,7 +72,7 @@ def build_program(device, program: ProgramSpec, *, dtype, index_dtype,
         source = codegen.render(program.template, dtype=dtype, index_dtype=index_dtype,
                                 profile=device.profile, kernels=program.kernels,
                                 work_group_size=int(work_group_size), **program.params)
-        built = get_program(ctx, dev, source)
+        built = cache.get_program(ctx, dev, source)
         probe = {k.function_name: k for k in built.all_kernels()}
         missing = [k.name for k in program.kernels if k.name not in probe]
         if missing:
@@ -91,5 +91,6 @@ def build_program(device, program: ProgramSpec, *, dtype, index_dtype,
 
 
 def clear_memo() -> None:
+    """Forget the memoised programs (``cache.clear_memory`` does this too)."""
     with _lock:
         _memo.clear()
