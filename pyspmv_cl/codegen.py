@@ -90,16 +90,18 @@ PRODUCT_ARGS = (X_ARG, Y_ARG, ALPHA_ARG, BETA_ARG)
 class KernelSpec:
     """A kernel of a template: its name, its arguments in order, and whether its
     work-group size is fixed at compile time (``reqd_work_group_size``: the format's
-    ``work_group_size``)."""
+    ``work_group_size``, or ``group_size`` when the kernel has a size of its own)."""
 
     name: str
     args: tuple
     fixed_group: bool = False
+    group_size: int = None   # a required size of its own, instead of the format's
 
     def signature(self, work_group_size: int) -> str:
         head = "__kernel "
         if self.fixed_group:
-            head += f"__attribute__((reqd_work_group_size({int(work_group_size)}, 1, 1)))\n"
+            size = int(self.group_size or work_group_size)
+            head += f"__attribute__((reqd_work_group_size({size}, 1, 1)))\n"
         indent = " " * (len("void ") + len(self.name) + 1)
         args = (",\n" + indent).join(a.declaration() for a in self.args)
         return f"{head}void {self.name}({args})"

@@ -258,9 +258,9 @@ class SpMVFormat:
 
     def convert(self, csr) -> dict:
         """Host arrays of this format, name -> numpy array (names as the kernels'
-        matrix arguments; value arrays in ``self.dtype``, no other array in it).  It may
-        be called again later with the same structure and other values (update_values),
-        so it must not consume what ``analyse`` left.  Host conversion today; a
+        matrix arguments; value arrays in ``self.dtype``, no other array in it).
+        ``analyse`` and ``convert`` work on the host only: update_values runs them
+        again on a shallow copy of the format, with other values.  Host conversion today; a
         device-side conversion would be a second implementation of this step."""
         raise NotImplementedError
 

@@ -209,11 +209,12 @@ class BCCOO(SpMVFormat):
         specs = [KernelSpec("bccoo_tiles", tiles, fixed_group=True),
                  KernelSpec("bccoo_carries", (
                      scalar("n_groups", "pos_t"), scalar("n_rows", "pos_t"), first_entry,
-                     head, tail, Y_ARG, ALPHA_ARG, BETA_ARG))]
+                     scratch("head_vals", read_only=True), scratch("tail_vals", read_only=True),
+                     Y_ARG, ALPHA_ARG, BETA_ARG))]
         if p["slices"] > 1:
             specs.append(KernelSpec("bccoo_combine", (
                 scalar("n_rows", "pos_t"), scalar("slice_stride", "pos_t"),
-                scratch("partial"), Y_ARG, ALPHA_ARG, BETA_ARG)))
+                scratch("partial", read_only=True), Y_ARG, ALPHA_ARG, BETA_ARG)))
         return specs
 
     def local_bytes(self, work_group_size):

@@ -28,7 +28,6 @@ adds one value per group rather than one per tile (a serial chain of thousands o
 otherwise).
 """
 
-import dataclasses
 import typing
 
 import numpy as np
@@ -208,17 +207,6 @@ def untranspose_tiles(a, omega, sigma):
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class _OwnGroupSpec(KernelSpec):
-    """A kernel whose required work-group size is its own (``group_size``: csr5's
-    ``run_group``), not the format's ``work_group_size``."""
-
-    group_size: int = 1
-
-    def signature(self, work_group_size):
-        return super().signature(self.group_size)
-
-
 @register
 class CSR5(SpMVFormat):
     name = "csr5"
@@ -338,10 +326,11 @@ class CSR5(SpMVFormat):
                                                  "n_tail_rows", "n_empty_rows")),
                 matrix("empty_rows", "index_t"), matrix("row_ptr", "index_t"), tile_ptr,
                 matrix("col_idx", "index_t"), matrix("values", "real_t"), X_ARG, Y_ARG,
-                head, tail, ALPHA_ARG, BETA_ARG)),
+                scratch("head", read_only=True), scratch("tail", read_only=True), ALPHA_ARG,
+                BETA_ARG)),
         ]
         if self.params["run_group"]:
-            specs.append(_OwnGroupSpec(
+            specs.append(KernelSpec(
                 "csr5_run_sums", (scalar("n_full_tiles", "index_t"), tile_ptr, head),
                 fixed_group=True, group_size=self.params["run_group"]))
         return specs

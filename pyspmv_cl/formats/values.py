@@ -2,22 +2,26 @@
 every format.
 
 The first update finds where each CSR entry lands in the format's value arrays: the
-format's own ``convert`` runs once on the matrix with the values ``1, 2, ..., nnz`` in
-float64 (exact), so every value array then holds, in each slot, the CSR position it
-came from (0 for padding).  From then on an update is the upload of the values in CSR
-order and one scatter kernel per value array on the device.  A format whose
+format's own ``analyse`` and ``convert`` run once (on a shallow copy of the format) on
+the matrix with the values ``1, 2, ..., nnz`` as integers as wide as the value type
+(exact, and every size-based decision the same), so every value array then holds, in
+each slot, the CSR position it came from (0 for padding).  From then
+on an update is the upload of the values in CSR order and one scatter kernel per value
+array on the device.  A format whose
 conversion does not place each value in exactly one slot (it would merge or drop
 entries) is detected, and its updates re-run the host conversion of the values instead.
 """
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pyopencl as cl
 import scipy.sparse as sp
 
 from ..codegen import KernelSpec, matrix, scalar, scratch
-from ..errors import InvalidInputError, UnsupportedDtypeError
+from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from .base import upload
 from .builder import ProgramSpec, build_program
 
@@ -33,25 +37,38 @@ def value_arrays(fmt) -> dict:
     return dict(fmt.value_array_sizes)
 
 
+def host_arrays(fmt, csr, dtype) -> dict:
+    """The format's host arrays for ``csr`` with values in ``dtype``, from a shallow
+    copy of the format (its ``analyse`` then ``convert``: both host-side), so the
+    operator's own state is left as it is."""
+    twin = copy.copy(fmt)
+    twin.dtype = np.dtype(dtype)
+    twin.params = dict(fmt.params)
+    twin.analyse(csr)
+    return twin.convert(csr)
+
+
 def _layout(fmt, structure):
     """{array name: (slots, sources)} or None when the format's conversion does not
     put each CSR value in exactly one slot."""
     indices, indptr = structure
     nnz = indices.size
-    probe = sp.csr_matrix(fmt.shape, dtype=np.float64)
-    probe.data = np.arange(1, nnz + 1, dtype=np.float64)
+    # Positions as integers of the value type's width, so that every size-based
+    # decision of the format comes out as it did for the real values.
+    pos_dtype = np.dtype(np.int32 if fmt.dtype.itemsize == 4 and nnz < 2**31 - 1
+                         else np.int64)
+    probe = sp.csr_matrix(fmt.shape, dtype=pos_dtype)
+    probe.data = np.arange(1, nnz + 1, dtype=pos_dtype)
     probe.indices, probe.indptr = indices, indptr
-    saved = fmt.dtype
-    fmt.dtype = np.dtype(np.float64)   # positions up to 2**53 stay exact
     try:
-        arrays = fmt.convert(probe)
-    finally:
-        fmt.dtype = saved
+        arrays = host_arrays(fmt, probe, pos_dtype)
+    except PySpMVError:   # the format refused the probe: no map
+        return None
     expected = value_arrays(fmt)
     layout, seen = {}, 0
     for name, size in expected.items():
         arr = arrays.get(name)
-        if arr is None or arr.size != size or arr.dtype != np.float64:
+        if arr is None or arr.size != size or arr.dtype != pos_dtype:
             return None
         slots = np.flatnonzero(arr)
         layout[name] = (slots, arr[slots].astype(np.int64) - 1)
@@ -94,7 +111,7 @@ class ValueUpdater:
             indices, indptr = self.structure
             csr = sp.csr_matrix(fmt.shape, dtype=fmt.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
-            arrays = fmt.convert(csr)
+            arrays = host_arrays(fmt, csr, fmt.dtype)
             events = [cl.enqueue_copy(queue, fmt.buffers[name], arrays[name],
                                       is_blocking=False) for name in value_arrays(fmt)]
             cl.wait_for_events(events)
