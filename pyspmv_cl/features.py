@@ -10,6 +10,8 @@ import numpy as np
 # Diagonals are counted only for matrices that could suit DIA (short, even rows):
 # one counting pass over the non-zeros (a sort when m + n dwarfs nnz), skipped for the rest.
 _DIAGONAL_SCAN_MAX_ROW = 64
+#: ``diagonals`` of features made with ``count_diagonals=False``, until counted.
+NOT_COUNTED = -2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +23,7 @@ class MatrixFeatures:
     max_row_length: int
     std_row_length: float
     empty_rows: int
-    diagonals: int = -1   # occupied diagonals; -1 when not counted
+    diagonals: int = -1   # occupied diagonals; -1 when not worth counting, NOT_COUNTED
 
     @property
     def row_spread(self):
@@ -36,7 +38,10 @@ class MatrixFeatures:
         return self.diagonals * self.n_rows / self.nnz
 
     @classmethod
-    def from_csr(cls, csr):
+    def from_csr(cls, csr, count_diagonals=True):
+        """The features of ``csr``; ``count_diagonals=False`` leaves the one pass over
+        the non-zeros (the diagonal count, which only the format choice reads) for
+        :meth:`with_diagonals` (``diagonals`` is then NOT_COUNTED)."""
         n_rows, n_cols = csr.shape
         row_lengths = np.diff(csr.indptr)
         if n_rows == 0:
@@ -44,19 +49,27 @@ class MatrixFeatures:
         max_row = int(row_lengths.max())
         mean = float(csr.nnz) / n_rows
         std = float(row_lengths.std())
+        features = cls(
+            n_rows=n_rows, n_cols=n_cols, nnz=int(csr.nnz), mean_row_length=mean,
+            max_row_length=max_row, std_row_length=std,
+            empty_rows=int(np.count_nonzero(row_lengths == 0)), diagonals=NOT_COUNTED)
+        return features.with_diagonals(csr) if count_diagonals else features
+
+    def with_diagonals(self, csr):
+        """These features with the diagonals counted (itself when already done)."""
+        if self.diagonals != NOT_COUNTED:
+            return self
         diagonals = -1
-        if csr.nnz and max_row <= _DIAGONAL_SCAN_MAX_ROW and std <= 0.5 * mean:
-            rows = np.repeat(np.arange(n_rows, dtype=np.int64), row_lengths)
+        n_rows, n_cols = csr.shape
+        if csr.nnz and self.max_row_length <= _DIAGONAL_SCAN_MAX_ROW \
+                and self.std_row_length <= 0.5 * self.mean_row_length:
+            rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(csr.indptr))
             offsets = csr.indices.astype(np.int64) - rows + (n_rows - 1)
             if n_rows + n_cols <= 4 * csr.nnz:     # a counting pass is cheapest
                 diagonals = int(np.count_nonzero(np.bincount(offsets, minlength=1)))
             else:                                    # host memory in nnz, not m + n
                 diagonals = int(np.unique(offsets).size)
-        return cls(
-            n_rows=n_rows, n_cols=n_cols, nnz=int(csr.nnz), mean_row_length=mean,
-            max_row_length=max_row, std_row_length=std,
-            empty_rows=int(np.count_nonzero(row_lengths == 0)), diagonals=diagonals,
-        )
+        return dataclasses.replace(self, diagonals=diagonals)
 
 
 # -- what the tuner reads beyond MatrixFeatures, and the tuning database's key ----------

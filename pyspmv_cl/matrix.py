@@ -68,7 +68,8 @@ class SpMV:
         csr = as_host_csr(A, shape)
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.dtype = resolve_dtype(dtype, csr.dtype, profile)
-        features = MatrixFeatures.from_csr(csr)
+        # The diagonal count (a pass over the non-zeros) only where the choice reads it.
+        features = MatrixFeatures.from_csr(csr, count_diagonals=False)
         self.tuning = None
         impl = None
         if format == "auto":

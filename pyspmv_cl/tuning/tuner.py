@@ -198,6 +198,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     registry = dict(FORMATS if registry is None else registry)
     user_params = dict(user_params or {})
     profile = device.profile
+    features = features.with_diagonals(csr)   # the rules and DIA's estimate read them
     budget = default_budget(features.nnz) if budget is None else float(budget)
     rule_choice, _ = choose_format(features, profile, dtype)
     order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
@@ -370,9 +371,13 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
     if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
         raise InvalidParameterError(f"tune_budget must be positive seconds, not {budget!r}")
     profile = device.profile
-    rule_format, rule_why = choose_format(features, profile, dtype)
+
+    def rules():   # the rule-based choice reads the diagonals: count them only here
+        return choose_format(features.with_diagonals(csr), profile, dtype)
+
     if mode == "model" or features.nnz == 0 or features.n_rows == 0:
         why = "rules only (tune=False)" if mode == "model" else "rules (empty matrix)"
+        rule_format, rule_why = rules()
         return Decision(rule_format, {}, f"{why}: {rule_why}", "model")
 
     t0 = time.perf_counter()
@@ -397,6 +402,7 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
         worth, why = _worth_measuring(features, profile, dtype, expected_calls,
                                       budget or default_budget(features.nnz))
         if not worth:
+            rule_format, rule_why = rules()
             return Decision(rule_format, {}, f"rules ({why}): {rule_why}", "model",
                             tuning_seconds=time.perf_counter() - t0)
         if expected_calls is None:   # nobody asked to wait for a measurement
@@ -409,6 +415,7 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
                                   expected_calls=expected_calls, progress=progress)
     if chosen is None:   # nothing could be measured: the rules, and nothing stored
         why = "; ".join(f"{n} ({w})" for n, w in entry["skipped"])
+        rule_format, rule_why = rules()
         return Decision(rule_format, {}, f"rules (no candidate could be measured: {why}): "
                         f"{rule_why}", "model", tuning_seconds=time.perf_counter() - t0)
     entry["fingerprint"] = fp
