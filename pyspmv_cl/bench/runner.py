@@ -129,6 +129,8 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
                 progress(f"{name} {dtype.name} {fmt}")
             try:
                 op = SpMV(csr, format=fmt, dtype=dtype, device=device)
+                # 'auto' is timed as tuned: an online tuning is finished first.
+                op.finish_tuning()
             except Exception as exc:  # a format refusing a matrix is a result, not a crash
                 failed(dtype, fmt, exc)
                 continue
