@@ -16,8 +16,9 @@ in a rotating order in every round:
   ``queue.finish()``; CUDA peers: the call then a device synchronise).
 
 ``T(N) = setup + (N - 1) * per product`` for N = 1, 10, 100, 1,000, 10,000 (the first
-product is inside the setup).  pyspmv_cl runs under four states: kernel cache cold (a
-new, empty cache directory and no program in memory) or warm (the directory filled by an
+product is inside the setup); with ``--direct``, T(N) is measured as N products in a row
+after the setup, so an online tuning's switch lands where it would for a user.
+pyspmv_cl runs under three states: kernel cache cold (a new, empty cache directory and no program in memory) or warm (the directory filled by an
 earlier run, nothing in memory: a new process), and tuning database empty or filled (by
 the run before).  Results: JSON and a markdown table (``--out PREFIX``).
 """
@@ -37,7 +38,7 @@ import numpy as np
 
 import pyspmv_cl as psc
 from pyspmv_cl import cache
-from pyspmv_cl.bench.generators import from_spec
+from pyspmv_cl.bench.generators import block_diagonal, from_spec
 from pyspmv_cl.bench.peers import available_peers
 from pyspmv_cl.formats import builder
 from pyspmv_cl.tuning import database
@@ -142,21 +143,37 @@ def relative_error(y, A, x):
     return float(np.max(np.abs(np.asarray(y, dtype=np.float64) - ref))) / scale
 
 
-def run_case(name, A, device, dtype, configs, peers, states, rounds, vectors, env, log):
+def direct_times(product, n_max):
+    """Wall seconds of products 2..N, cumulative, at each N of NS (the first product
+    is inside the setup), as one run of ``n_max`` products in a row."""
+    cumulative, start = {}, time.perf_counter()
+    for i in range(2, n_max + 1):
+        product()
+        if i in NS:
+            cumulative[i] = time.perf_counter() - start
+    return cumulative
+
+
+def run_case(name, A, device, dtype, configs, peers, states, rounds, vectors, env, log,
+             direct=False):
+    """Rows of one matrix and dtype.  ``direct``: T(N) measured as N products in a row
+    after the setup (online tuning switches inside that run as it would for a user);
+    otherwise T(N) = setup + (N - 1) x the median product right after the setup."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, A.shape[1])
     # Warm the shared cache and fill the database once per configuration.
     for _, kwargs in configs:
         env.enter(True, True)
-        ours(A, x, device, dtype, kwargs, vectors)
+        ours(A, x, device, dtype, kwargs, vectors)[2].finish_tuning()   # stores the decision
     contenders = [("ours", label, kwargs, state) for label, kwargs in configs
                   for state in states] + [("peer", p.name, p, None) for p in peers]
     setups = {c[1:2] + (c[3],): [] for c in contenders}
-    products, errors, chosen = {}, {}, {}
+    products, errors, chosen, totals = {}, {}, {}, {}
     for r in range(rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
         for kind, label, what, state in order:
             key = (label, state)
+            op = None
             if kind == "ours":
                 env.enter(*STATES[state])
                 setup, product, op, result = ours(A, x, device, dtype, what, vectors)
@@ -165,19 +182,36 @@ def run_case(name, A, device, dtype, configs, peers, states, rounds, vectors, en
                 setup, product, result = peer(what, A, x, dtype)
             setups[key].append(setup)
             if key not in products:
-                products[key] = median_wall(product)
+                if direct:
+                    cumulative = direct_times(product, NS[-1])
+                    totals[key] = cumulative
+                    products[key] = ((cumulative[NS[-1]] - cumulative[NS[-2]])
+                                     / (NS[-1] - NS[-2]))
+                else:
+                    products[key] = median_wall(product)
                 errors[key] = relative_error(result(), A, x)
+            if op is not None and op.tuning is not None and op.tuning.online is not None:
+                online = op.tuning.online
+                if direct and key in totals:
+                    chosen[key] += (f" -> {op.format} at product {online.switched_at_call}"
+                                    if online.switched_at_call else f" ({online.state})")
+                op.finish_tuning()   # no tuning thread left running into the next contender
             log(f"  {name} {np.dtype(dtype).name} {label} {state or ''}: setup "
-                f"{setup * 1e3:.1f} ms, product {products[key] * 1e6:.1f} us")
+                f"{setup * 1e3:.1f} ms, product {products[key] * 1e6:.1f} us "
+                f"{chosen.get(key) or ''}")
     rows = []
     for (label, state), values in setups.items():
         setup, per = statistics.median(values), products[(label, state)]
+        if (label, state) in totals:
+            cumulative = totals[(label, state)]
+            T = {str(n): setup + cumulative.get(n, 0.0) for n in NS}
+        else:
+            T = {str(n): setup + (n - 1) * per for n in NS}
         rows.append({"matrix": name, "rows": A.shape[0], "nnz": int(A.nnz),
                      "dtype": np.dtype(dtype).name, "impl": label, "state": state,
                      "chosen": chosen.get((label, state)), "setup_seconds": setup,
                      "setup_samples": values, "product_seconds": per,
-                     "rel_err": errors[(label, state)],
-                     "T": {str(n): setup + (n - 1) * per for n in NS}})
+                     "rel_err": errors[(label, state)], "direct": direct, "T": T})
     return rows
 
 
@@ -214,6 +248,11 @@ def main(argv=None):
     ap.add_argument("--states", default="cold-empty,warm-empty,warm-filled")
     ap.add_argument("--vectors", choices=("host", "device"), default="host")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--direct", action="store_true",
+                    help="measure T(N) as N products in a row (GPUs: seconds per contender)")
+    ap.add_argument("--replicate-to", type=float, default=0,
+                    help="replicate each matrix block-diagonally to at least this many "
+                         "non-zeros (e.g. 2e7)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     args = ap.parse_args(argv)
     device = psc.get_device(args.device)
@@ -244,11 +283,15 @@ def main(argv=None):
         env = Environment(root)
         for spec in args.specs:
             name, A = from_spec(spec)
+            if args.replicate_to and A.nnz:
+                copies = int(np.ceil(args.replicate_to / A.nnz))
+                if copies > 1:
+                    A, name = block_diagonal(A, copies), f"{name}x{copies}"
             for dtype in dtypes:
                 if dtype == np.float64 and not device.profile.fp64:
                     continue
                 rows += run_case(name, A.astype(dtype), device, dtype, configs, peers, states,
-                                 args.rounds, args.vectors, env, log)
+                                 args.rounds, args.vectors, env, log, direct=args.direct)
     info = {"device": device.profile.name, "vectors": args.vectors,
             "pyspmv_cl": psc.__version__, "cpu_count": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
