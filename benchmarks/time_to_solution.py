@@ -18,9 +18,10 @@ in a rotating order in every round:
 ``T(N) = setup + (N - 1) * per product`` for N = 1, 10, 100, 1,000, 10,000 (the first
 product is inside the setup); with ``--direct``, T(N) is measured as N products in a row
 after the setup, so an online tuning's switch lands where it would for a user.
-pyspmv_cl runs under three states: kernel cache cold (a new, empty cache directory and no program in memory) or warm (the directory filled by an
-earlier run, nothing in memory: a new process), and tuning database empty or filled (by
-the run before).  Results: JSON and a markdown table (``--out PREFIX``).
+pyspmv_cl runs under three states: kernel cache cold (a new, empty cache directory and
+no program in memory) or warm (the directory filled by an earlier run, nothing in
+memory: a new process), with the tuning database empty, or filled by the run before.
+Results: JSON and a markdown table (``--out PREFIX``).
 """
 
 from __future__ import annotations
