@@ -93,15 +93,15 @@ def test_clear_choices_on_cpu(device, name, build, expected, rng):
 class Broken(CSRScalar):
     name = "broken"
 
-    def _convert(self, csr):
+    def convert(self, csr):
         raise RuntimeError("half-finished format")
 
 
 class Wrong(CSRScalar):
     name = "wrong"
 
-    def _convert(self, csr):
-        arrays = super()._convert(csr)
+    def convert(self, csr):
+        arrays = super().convert(csr)
         arrays["values"] = arrays["values"] * 2   # a fast but wrong kernel
         return arrays
 

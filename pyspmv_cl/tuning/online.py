@@ -30,6 +30,10 @@ from ..formats import FORMATS
 #: Budget of a background measurement: seconds per million non-zeros, and at least.
 ONLINE_SECONDS_PER_MNNZ = 0.3
 ONLINE_MIN_BUDGET = 0.5
+#: Formats a background measurement times (the model's best; no alternative parameter
+#: sets): a switch within the caller's first few thousand products matters more than
+#: the last per cent, and ``tune=True`` measures everything.
+ONLINE_MAX_FORMATS = 4
 #: CPUs: start once the products run (estimated) add up to this share of the budget.
 CPU_TRIGGER_SHARE = 1.0
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
@@ -84,11 +88,15 @@ class OnlineTuning:
         self._lock = threading.Lock()
 
     # -- called by the operator, in the caller's thread ------------------------------------
-    def note_call(self, impl, queue, values_version, wait_for=None) -> None:
+    def note_call(self, impl, values_version) -> None:
         """Count one product; start the measurement when the trigger is reached."""
         self.calls += 1
         if self.state == "waiting" and self.calls >= self.trigger:
-            arrays, events = snapshot(impl, queue, wait_for)
+            # On a queue of its own, so that the caller's next wait does not include the
+            # read-back: kernels only read the matrix, and update_values returns only
+            # once its values are on the device.
+            queue = cl.CommandQueue(impl.device.context, impl.device.cl_device)
+            arrays, events = snapshot(impl, queue)
             self.values_version = values_version
             _running.add(self)
             self.state = "running"

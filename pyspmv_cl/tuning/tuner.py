@@ -189,12 +189,16 @@ def _score(c, expected_calls):
 
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             expected_calls=None, registry=None, progress=None, should_stop=None,
-            queue=None):
+            queue=None, max_formats=None, alternatives=True, include=()):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step;
     ``should_stop()`` ends the measurement early; ``queue`` (profiling enabled) times
-    on a queue of the caller's instead of the device's profiling queue."""
+    on a queue of the caller's instead of the device's profiling queue;
+    ``max_formats`` (default ``MAX_FORMATS``) bounds the first pass and
+    ``alternatives=False`` skips the second (other parameter sets); ``include``
+    lists (format, params) timed in the first pass whatever their rank."""
+    max_formats = MAX_FORMATS if max_formats is None else max_formats
     registry = dict(FORMATS if registry is None else registry)
     user_params = dict(user_params or {})
     profile = device.profile
@@ -203,8 +207,11 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     rule_choice, _ = choose_format(features, profile, dtype)
     order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
                                      csr=csr)
-    first = [(name, p[0]) for name, p in order[:MAX_FORMATS]]
-    skipped += [(name, "ranked lower by the model") for name, _ in order[MAX_FORMATS:]]
+    first = [(name, p[0]) for name, p in order[:max_formats]]
+    skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
+                if name not in {n for n, _ in include}]
+    first += [(name, dict(params)) for name, params in include
+              if (name, dict(params)) not in first and name in registry]
     bench = _Bench(csr, device, dtype, queue)
     start = time.perf_counter()
     results = []
@@ -263,15 +270,15 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         run(name, params, alt)
     # Second pass: other parameter sets of the best formats.
     by_format = sorted(results, key=lambda r: _score(r, expected_calls))
-    alternatives = []
-    for rec in by_format[:ALT_FORMATS]:
+    second = []
+    for rec in by_format[:ALT_FORMATS if alternatives else 0]:
         params_list = dict(order).get(rec["format"], [])
-        alternatives += [(rec["format"], p, True) for p in params_list[1:1 + ALT_PARAMS]]
-    for name, params, alt in alternatives:
+        second += [(rec["format"], p, True) for p in params_list[1:1 + ALT_PARAMS]]
+    for name, params, alt in second:
         if not within_budget():
             break
         if progress:
-            progress(total, total + len(alternatives), f"{name} {params}")
+            progress(total, total + len(second), f"{name} {params}")
         run(name, params, alt)
     # The finalists again, in alternation, for as many rounds as the budget allows: a
     # short burst of samples can catch a kernel at its best (PoCL on a 2-core machine:
@@ -432,14 +439,18 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
     profile = device.profile
     budget = online.online_budget(features.nnz) if budget is None else float(budget)
     start_format, start_params, start_why = online.start_choice(features, profile, dtype)
+    start = (start_format, start_params)   # timed too: a switch must be a gain
     trigger = online.trigger_calls(features, profile, dtype, budget)
 
     def run_measurement(snapshot, should_stop):
         # A queue of its own: the caller's products go on while candidates are timed.
         queue = cl.CommandQueue(device.context, device.cl_device,
                                 properties=cl.command_queue_properties.PROFILING_ENABLE)
-        entry, impl, chosen = measure(snapshot, features, device, dtype, user_params,
-                                      budget=budget, should_stop=should_stop, queue=queue)
+        entry, impl, chosen = measure(snapshot, features.with_diagonals(snapshot), device,
+                                      dtype, user_params, budget=budget,
+                                      should_stop=should_stop, queue=queue,
+                                      max_formats=online.ONLINE_MAX_FORMATS,
+                                      alternatives=False, include=[start])
         queue.finish()
         if chosen is None:
             raise RuntimeError("no candidate could be measured: " + "; ".join(
@@ -453,7 +464,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                         tuning_seconds=entry["tuning_seconds"], entry=entry)
 
     tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
-                                 start=(start_format, start_params))
+                                 start=start)
     when = "after the first product" if trigger == 1 else f"after {trigger} products"
     return Decision(start_format, start_params,
                     f"online: starting on {start_why}; measuring candidates in the "
