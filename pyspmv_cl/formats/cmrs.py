@@ -140,10 +140,7 @@ class CMRS(SpMVFormat):
 
     @classmethod
     def check_params(cls, params, profile):
-        gw, wg = params["group_width"], params["work_group_size"]
-        if wg % gw:
-            raise InvalidParameterError(
-                f"cmrs: work_group_size must be a multiple of group_width ({gw}), not {wg!r}")
+        P.check_multiple(cls.name, params, "group_width", params["group_width"])
 
     @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):

@@ -244,10 +244,7 @@ class CSR5(SpMVFormat):
 
     @classmethod
     def check_params(cls, params, profile):
-        omega, wg = params["omega"], params["work_group_size"]
-        if wg % omega:
-            raise InvalidParameterError(
-                f"csr5: work_group_size must be a multiple of omega ({omega}), not {wg!r}")
+        P.check_multiple(cls.name, params, "omega", params["omega"])
         run_group = params["run_group"]
         if run_group != "auto":
             limit = profile.max_work_group_size

@@ -116,10 +116,7 @@ class CSRVector(CSRFormatBase):
             if vs is None:
                 raise InvalidParameterError(
                     f"csr-vector: vector_size must be one of {VECTOR_SIZES}, not None")
-            if wg < vs or wg % vs:
-                raise InvalidParameterError(
-                    f"csr-vector: work_group_size must be a multiple of vector_size ({vs}), "
-                    f"not {wg!r}")
+            P.check_multiple(cls.name, params, "vector_size", vs)
             if params["items_per_thread"] is not None:
                 raise InvalidParameterError(
                     "csr-vector: items_per_thread belongs to mapping='adaptive'")

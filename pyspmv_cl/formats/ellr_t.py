@@ -120,15 +120,14 @@ class ELLRT(SpMVFormat):
 
     @classmethod
     def check_params(cls, params, profile):
-        t, wg = params["T"], params["work_group_size"]
+        t = params["T"]
         limit = max_t(profile)
         if t is not None and t > limit:
             raise InvalidParameterError(
                 f"ellr-t: T must be a power of two from 1 to {limit} (the SIMD width of "
                 f"{profile.name}), not {t!r}")
-        if wg is not None and t is not None and (wg < t or wg % t):
-            raise InvalidParameterError(
-                f"ellr-t: work_group_size must be a multiple of T ({t}), not {wg!r}")
+        if t is not None:
+            P.check_multiple(cls.name, params, "T", t)
 
     @classmethod
     def estimate_cost(cls, features, profile, dtype):

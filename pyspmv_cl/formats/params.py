@@ -142,6 +142,17 @@ INDEX_BITS = Param("index_bits", or_words(one_of(32, 64), None, "auto"),
                    "index type width: 32, 64, or None/'auto' for 32 while the sizes fit")
 
 
+def check_multiple(format_name: str, params: dict, what: str, factor: int,
+                   name: str = "work_group_size", context: str = "") -> None:
+    """``params[name]`` must be a positive multiple of ``factor`` (``what`` names it,
+    e.g. "omega"); rules between parameters, in ``check_params``."""
+    value = params[name]
+    if value is not None and factor and (value < factor or value % factor):
+        raise InvalidParameterError(
+            f"{format_name}: {context}{name} must be a multiple of {what} ({factor}), "
+            f"not {value!r}")
+
+
 def resolve(format_name: str, declared: Iterable[Param], defaults: dict,
             given: dict) -> dict:
     """Defaults overridden by the caller's values (None keeps the default), each

@@ -199,11 +199,9 @@ class SELL(SpMVFormat):
             raise InvalidParameterError(
                 "sell: threads_per_row > 1 needs mapping='rows' (with mapping='slices' one "
                 "work-item walks a whole slice)")
-        wg = params["work_group_size"]
-        if params["mapping"] == "rows" and wg % (C * T):
-            raise InvalidParameterError(
-                f"sell: with mapping='rows' work_group_size must be a multiple of "
-                f"slice_height * threads_per_row ({C * T}), not {wg!r}")
+        if params["mapping"] == "rows":
+            P.check_multiple(cls.name, params, "slice_height * threads_per_row", C * T,
+                             context="with mapping='rows' ")
 
     # -- analysis: σ, the permutation, the slices, the index width -------------------------
     def analyse(self, csr):

@@ -425,13 +425,20 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
         rule_format, rule_why = rules()
         return Decision(rule_format, {}, f"rules (no candidate could be measured: {why}): "
                         f"{rule_why}", "model", tuning_seconds=time.perf_counter() - t0)
+    return _store_decision(key, fp, entry, impl, chosen, expected_calls, "measured",
+                           time.perf_counter() - t0)
+
+
+def _store_decision(key, fp, entry, impl, chosen, expected_calls, source, seconds):
+    """Store a measurement in the database and make its Decision."""
     entry["fingerprint"] = fp
     database.store(key, entry)
+    how = "measured" + (" online" if source == "online" else "")
     return Decision(chosen["format"], dict(chosen["params"]),
                     _describe(entry, chosen, expected_calls,
-                              f"measured in {entry['tuning_seconds']:.2f} s"),
-                    "measured", impl=impl, kernel_seconds=chosen["kernel_seconds"],
-                    tuning_seconds=time.perf_counter() - t0, entry=entry)
+                              f"{how} in {entry['tuning_seconds']:.2f} s"),
+                    source, impl=impl, kernel_seconds=chosen["kernel_seconds"],
+                    tuning_seconds=seconds, entry=entry)
 
 
 def _online_decision(csr, features, device, dtype, user_params, key, fp, budget, spent):
@@ -455,13 +462,8 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
         if chosen is None:
             raise RuntimeError("no candidate could be measured: " + "; ".join(
                 f"{n} ({w})" for n, w in entry["skipped"]))
-        entry["fingerprint"] = fp
-        database.store(key, entry)
-        return Decision(chosen["format"], dict(chosen["params"]),
-                        _describe(entry, chosen, None,
-                                  f"measured online in {entry['tuning_seconds']:.2f} s"),
-                        "online", impl=impl, kernel_seconds=chosen["kernel_seconds"],
-                        tuning_seconds=entry["tuning_seconds"], entry=entry)
+        return _store_decision(key, fp, entry, impl, chosen, None, "online",
+                               entry["tuning_seconds"])
 
     tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
                                  start=start)
