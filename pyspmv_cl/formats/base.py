@@ -204,7 +204,9 @@ class SpMVFormat:
         self.index_dtype = choose_index_dtype(self.shape[0], self.shape[1], csr.nnz,
                                               self.index_bits_asked)
         self.params["index_bits"] = self.index_dtype.itemsize * 8
+        start_analyse = time.perf_counter()
         self.analyse(csr)
+        analysed = time.perf_counter()
         self.kernels = {}
         self._specs = {}
         start = time.perf_counter()
@@ -225,8 +227,9 @@ class SpMVFormat:
         self.buffers = {name: upload(device.context, arr) for name, arr in host_arrays.items()}
         self.scratch = {name: cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(1, n))
                         for name, n in scratch.items()}
-        #: Seconds spent converting, checking, uploading and allocating (the build aside).
-        self.conversion_seconds = time.perf_counter() - built
+        #: Seconds spent analysing, converting, checking, uploading and allocating (the
+        #: build aside).
+        self.conversion_seconds = time.perf_counter() - built + (analysed - start_analyse)
 
     def analyse(self, csr) -> None:
         """Facts about the matrix that the kernel source or the parameters depend on
