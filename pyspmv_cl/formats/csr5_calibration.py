@@ -13,6 +13,7 @@ import pyopencl.array as cla
 import scipy.sparse as sp
 
 from ..device import get_device
+from ..errors import InvalidParameterError
 from ..features import MatrixFeatures
 from ..inputs import resolve_dtype
 from ..launching import launches_seconds
@@ -56,7 +57,7 @@ def calibrate_bounds(device=None, dtype=np.float32, *, row_lengths=CALIBRATION_R
     dtype = resolve_dtype(dtype, np.dtype(np.float64), device.profile)
     row_lengths = sorted({int(n) for n in row_lengths})
     if len(row_lengths) < 2:
-        raise ValueError("calibrate_bounds needs at least two row lengths")
+        raise InvalidParameterError("calibrate_bounds needs at least two row lengths")
     best = {}
     omega = None
     queue = device.profiling_queue

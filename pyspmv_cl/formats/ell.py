@@ -44,7 +44,7 @@ import numbers
 import numpy as np
 
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
-from ..errors import FormatNotSuitableError
+from ..errors import FormatNotSuitableError, InvalidParameterError
 from . import params as P
 from .base import (
     SpMVFormat,
@@ -100,8 +100,8 @@ def ell_arrays(csr, width, row_align, index_dtype, dtype):
     stride = ell_stride(m, row_align)
     rows, position, lengths = row_slots(csr)
     if lengths.size and lengths.max() > width:
-        raise ValueError(f"a row holds {lengths.max()} entries, more than the ELL width "
-                         f"{width}")
+        raise InvalidParameterError(
+            f"a row holds {lengths.max()} entries, more than the ELL width {width}")
     col_idx = np.full(width * stride, -1, dtype=index_dtype)
     values = np.zeros(width * stride, dtype=dtype)
     slot = position * stride + rows

@@ -38,6 +38,8 @@ The other rows need matrices that are not available here (UF collection download
 
 import numpy as np
 
+from ..errors import InvalidParameterError
+
 DEFAULT_BLOCK_SIZES = (128, 256, 512)
 
 
@@ -45,7 +47,7 @@ def _positive_ints(name, values):
     values = tuple(values)
     if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
                          for v in values):
-        raise ValueError(f"{name} must be positive integers, not {values!r}")
+        raise InvalidParameterError(f"{name} must be positive integers, not {values!r}")
     return tuple(int(v) for v in values)
 
 
@@ -134,10 +136,10 @@ def ellrt_model(row_lengths, compute_units, warp_size, block_sizes=DEFAULT_BLOCK
     t_values = _positive_ints("t_values", t_values)
     if isinstance(overhead, bool) or not isinstance(overhead, (int, np.integer)) \
             or overhead < 0:
-        raise ValueError(f"overhead must be a non-negative integer, not {overhead!r}")
+        raise InvalidParameterError(f"overhead must be a non-negative integer, not {overhead!r}")
     rl = np.asarray(row_lengths).ravel()
     if rl.size and (not np.issubdtype(rl.dtype, np.integer) or rl.min() < 0):
-        raise ValueError("row_lengths must be non-negative integers")
+        raise InvalidParameterError("row_lengths must be non-negative integers")
     rl = rl.astype(np.int64, copy=False)
     half_warp = max(1, warp_size // 2)
     best = None
@@ -151,5 +153,5 @@ def ellrt_model(row_lengths, compute_units, warp_size, block_sizes=DEFAULT_BLOCK
             if best is None or m < best[0]:  # strict: earlier (smaller T, larger BS) wins ties
                 best = (m, bs, t)
     if best is None:
-        raise ValueError(f"no t in {t_values} divides a block size in {block_sizes}")
+        raise InvalidParameterError(f"no t in {t_values} divides a block size in {block_sizes}")
     return best[1], best[2]
