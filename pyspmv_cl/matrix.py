@@ -300,9 +300,16 @@ class SpMV:
         ordered = self._in_order
         x_ordered = ordered and x.queue is self.queue
         out_ordered = ordered and out.queue is self.queue
-        event = self._launch(x_buf, y_buf, alpha, beta,
-                             wait_for=([] if x_ordered else list(x.events))
-                             + ([] if out_ordered else list(out.events)) or None)
+        wait_for = (([] if x_ordered else list(x.events))
+                    + ([] if out_ordered else list(out.events))) or None
+        if x_buf.int_ptr == y_buf.int_ptr and x.size:
+            # out is x (in place): the kernels would read x while writing it.  Multiply
+            # a copy of x instead (both start at offset 0 of the one buffer).
+            copy = self._staging_buffer("x_alias", self.shape[1])
+            wait_for = [cl.enqueue_copy(self.queue, copy, x_buf, byte_count=x.nbytes,
+                                        wait_for=wait_for)]
+            x_buf = copy
+        event = self._launch(x_buf, y_buf, alpha, beta, wait_for=wait_for)
         # Arrays on this in-order queue need no event: whatever comes next on it waits
         # anyway, and pyopencl's add_event blocks on older events every few calls (it
         # made a product on device arrays 3x slower than its kernel launch on PoCL).
