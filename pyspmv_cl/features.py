@@ -60,6 +60,8 @@ class MatrixFeatures:
         if self.diagonals != NOT_COUNTED:
             return self
         diagonals = -1
+        if not isinstance(csr.indices, np.ndarray):   # on the device: not counted
+            return dataclasses.replace(self, diagonals=diagonals)
         n_rows, n_cols = csr.shape
         if csr.nnz and self.max_row_length <= _DIAGONAL_SCAN_MAX_ROW \
                 and self.std_row_length <= 0.5 * self.mean_row_length:

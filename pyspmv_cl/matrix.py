@@ -5,6 +5,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from .device import get_device
+from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import InvalidInputError, UnsupportedDtypeError
 from .features import MatrixFeatures
 from .formats import get_format
@@ -63,9 +64,12 @@ class SpMV:
 
     def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
                  expected_calls=None, tune_budget=None, **params):
+        on_device = is_device_triple(A)
+        if on_device and device is None and A[0].queue is not None:
+            device = A[0].queue   # the arrays' own queue, not the default device
         self.device = get_device(device)
         profile = self.device.profile
-        csr = as_host_csr(A, shape)
+        csr = as_device_csr(A, shape, self.queue) if on_device else as_host_csr(A, shape)
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.dtype = resolve_dtype(dtype, csr.dtype, profile)
         # The diagonal count (a pass over the non-zeros) only where the choice reads it.
@@ -93,14 +97,17 @@ class SpMV:
             self.build_time = 0.0
         else:
             resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
+            if on_device and not fmt_cls.converts_on_device:
+                csr = csr.to_host(self.queue)   # this format converts on the host
             self._impl = fmt_cls(csr, self.device, self.dtype, resolved)
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
         self.format = format
         self.nbytes = self._impl.nbytes
         self._staging = {}
-        # The pattern, for update_values (references: no copy of the caller's arrays).
-        self._structure = (csr.indices, csr.indptr)
+        # The pattern, for update_values (references: no copy of the caller's arrays;
+        # a matrix given on the device is read back only if update_values needs it).
+        self._structure_source = csr
         self._updater = None
         self._values_version = 0
         self._latest_values = None   # kept while an online tuning may still switch
@@ -324,6 +331,14 @@ class SpMV:
         return not (self.queue.properties
                     & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
 
+    @property
+    def _structure(self):
+        """(indices, indptr) on the host (read back once for a device matrix)."""
+        source = self._structure_source
+        if isinstance(source, DeviceCSR):
+            self._structure_source = source = source.to_host(self.queue)
+        return source.indices, source.indptr
+
     # -- new values, same pattern ---------------------------------------------------------
     def update_values(self, data) -> None:
         """Replace the matrix's values, keeping its sparsity pattern (Newton steps, time
@@ -334,7 +349,7 @@ class SpMV:
         keeps that map on the device (``nbytes`` grows by two indices per entry); every
         call then costs the upload of the values and one scatter kernel.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
-        data = check_values(data, self._structure[0].size)
+        data = check_values(data, self._structure_source.nnz)
         self._values_version += 1
         if self._online is not None:   # the winner will need these values too
             self._latest_values = np.array(data, dtype=self.dtype)

@@ -35,6 +35,7 @@ import pyopencl as cl
 
 from .. import codegen
 from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
+from ..device_inputs import DeviceCSR
 from ..errors import (
     DeviceCapabilityError,
     DeviceMemoryError,
@@ -102,6 +103,13 @@ def upload(context, array: np.ndarray) -> cl.Buffer:
         array = np.zeros(1, dtype=array.dtype)
     return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                      hostbuf=array)
+
+
+def _buffer_of(arr, context) -> cl.Buffer:
+    """The buffer of a device array (a one-element one for an empty array)."""
+    if arr.size == 0 or arr.base_data is None:
+        return cl.Buffer(context, cl.mem_flags.READ_ONLY, max(1, arr.dtype.itemsize))
+    return arr.base_data
 
 
 def launch_rows(n_rows: int, rows_per_group: int, work_group_size: int) -> tuple[int, int]:
@@ -214,7 +222,8 @@ class SpMVFormat:
         built = time.perf_counter()
         #: Seconds spent getting the compiled kernels (near zero from the kernel cache).
         self.build_seconds = built - start
-        host_arrays = self.convert(csr)
+        on_device = isinstance(csr, DeviceCSR)
+        host_arrays = self.convert_device(csr) if on_device else self.convert(csr)
         scratch = {k: int(v) for k, v in self.scratch_sizes().items()}
         sizes = {name: arr.nbytes for name, arr in host_arrays.items()}
         sizes.update({name: max(1, n) for name, n in scratch.items()})
@@ -224,7 +233,13 @@ class SpMVFormat:
         #: The arrays holding values (what update_values rewrites): name -> element count.
         self.value_array_sizes = {name: arr.size for name, arr in host_arrays.items()
                                   if arr.dtype == self.dtype}
-        self.buffers = {name: upload(device.context, arr) for name, arr in host_arrays.items()}
+        if on_device:   # device arrays: keep them, their buffers are the matrix
+            self._device_arrays = host_arrays
+            self.buffers = {name: _buffer_of(arr, device.context)
+                            for name, arr in host_arrays.items()}
+        else:
+            self.buffers = {name: upload(device.context, arr)
+                            for name, arr in host_arrays.items()}
         self.scratch = {name: cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(1, n))
                         for name, n in scratch.items()}
         #: Seconds spent analysing, converting, checking, uploading and allocating (the
@@ -265,6 +280,15 @@ class SpMVFormat:
         ``analyse`` and ``convert`` work on the host only: update_values runs them
         again on a shallow copy of the format, with other values.  Host conversion today; a
         device-side conversion would be a second implementation of this step."""
+        raise NotImplementedError
+
+    #: Whether ``convert_device`` exists (a matrix given on the device is converted
+    #: there; other formats get it read back once and convert on the host).
+    converts_on_device: typing.ClassVar[bool] = False
+
+    def convert_device(self, csr: DeviceCSR) -> dict:
+        """Like ``convert``, for a matrix on the device: pyopencl arrays made on the
+        device (the seam for device-side conversions)."""
         raise NotImplementedError
 
     def scratch_sizes(self) -> dict:

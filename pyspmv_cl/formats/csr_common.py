@@ -12,7 +12,10 @@ CSR_ROW_ARGS = (scalar("n_rows", "long"), *CSR_ARRAYS, *PRODUCT_ARGS)
 
 
 class CSRFormatBase(SpMVFormat):
-    """Uploads CSR as it is: row_ptr, col_idx, values (indices in the chosen type)."""
+    """Uploads CSR as it is: row_ptr, col_idx, values (indices in the chosen type); a
+    matrix already on the device is copied and cast there."""
+
+    converts_on_device = True
 
     def convert(self, csr):
         return {
@@ -20,3 +23,11 @@ class CSRFormatBase(SpMVFormat):
             "col_idx": csr.indices.astype(self.index_dtype, copy=False),
             "values": csr.data.astype(self.dtype, copy=False),
         }
+
+    def convert_device(self, csr):
+        queue = self.device.queue
+        arrays = {"row_ptr": csr.copy_as("indptr", self.index_dtype, queue),
+                  "col_idx": csr.copy_as("indices", self.index_dtype, queue),
+                  "values": csr.copy_as("data", self.dtype, queue)}
+        queue.finish()   # ordered before any product, whatever the queue's order
+        return arrays

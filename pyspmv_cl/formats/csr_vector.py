@@ -20,6 +20,7 @@ work-item per row), and around long rows.  One launch; no scratch.
 """
 
 import numpy as np
+import pyopencl.array as cla
 
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix
 from ..errors import InvalidParameterError
@@ -192,14 +193,23 @@ class CSRVector(CSRFormatBase):
         return 1 if self._adaptive else self.params["vector_size"]
 
     def convert(self, csr):
-        arrays = super().convert(csr)
-        if self._adaptive:
-            # The blocks hold at most one row per work-item of the group as built.
-            wg = self.params["work_group_size"]
-            blocks = adaptive_row_blocks(csr.indptr, wg, wg * self.params["items_per_thread"])
-            self.n_blocks = blocks.size - 1
-            arrays["row_blocks"] = blocks.astype(self.index_dtype)
-        return arrays
+        return {**super().convert(csr), **self._row_blocks(csr.indptr)}
+
+    def convert_device(self, csr):
+        blocks = self._row_blocks(csr.indptr)   # from indptr, which is on the host too
+        if blocks:
+            blocks["row_blocks"] = cla.to_device(self.device.queue, blocks["row_blocks"])
+        return {**super().convert_device(csr), **blocks}
+
+    def _row_blocks(self, indptr):
+        """The adaptive mapping's row blocks (nothing for the rows mapping): each holds
+        at most one row per work-item of the group as built."""
+        if not self._adaptive:
+            return {}
+        wg = self.params["work_group_size"]
+        blocks = adaptive_row_blocks(indptr, wg, wg * self.params["items_per_thread"])
+        self.n_blocks = blocks.size - 1
+        return {"row_blocks": blocks.astype(self.index_dtype)}
 
     def launches(self, beta):
         wg = self.params["work_group_size"]

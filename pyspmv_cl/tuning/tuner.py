@@ -34,6 +34,7 @@ import time
 import numpy as np
 import pyopencl as cl
 
+from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, fingerprint, row_length_histogram
 from ..formats import FORMATS
@@ -388,11 +389,20 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
         return Decision(rule_format, {}, f"{why}: {rule_why}", "model")
 
     t0 = time.perf_counter()
-    fp = fingerprint(csr, features)
-    if user_params:
-        fp["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
-    key = database.entry_key(profile, fp, np.dtype(dtype).name)
-    if mode == "force":
+    if isinstance(csr, DeviceCSR):
+        # No fingerprint without reading the matrix back: no database lookup; a
+        # measurement made now reads it back once, an online one snapshots it anyway.
+        key = fp = None
+        if mode in ("measure", "force") or (mode == "auto" and expected_calls):
+            csr = csr.to_host(device.queue)
+    else:
+        fp = fingerprint(csr, features)
+        if user_params:
+            fp["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
+        key = database.entry_key(profile, fp, np.dtype(dtype).name)
+    if key is None:
+        pass
+    elif mode == "force":
         database.forget(key)
     else:
         entry = database.load(key)
@@ -430,9 +440,10 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
 
 
 def _store_decision(key, fp, entry, impl, chosen, expected_calls, source, seconds):
-    """Store a measurement in the database and make its Decision."""
-    entry["fingerprint"] = fp
-    database.store(key, entry)
+    """Store a measurement in the database (given a key) and make its Decision."""
+    if key is not None:
+        entry["fingerprint"] = fp
+        database.store(key, entry)
     how = "measured" + (" online" if source == "online" else "")
     return Decision(chosen["format"], dict(chosen["params"]),
                     _describe(entry, chosen, expected_calls,

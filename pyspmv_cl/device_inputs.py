@@ -1,0 +1,97 @@
+"""A CSR matrix already on the device: ``SpMV((data, indices, indptr), shape=...)`` with
+pyopencl arrays.  The structure is checked on the device (reductions: no copy of the
+matrix to the host); only ``indptr`` (one index per row) comes to the host, for the row
+statistics the format choice reads.  The operator keeps copies made on the device, cast
+to its types there, so later changes to the caller's arrays do not reach it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl.array as cla
+import scipy.sparse as sp
+
+from .errors import InvalidInputError, UnsupportedDtypeError
+
+
+def is_device_triple(A) -> bool:
+    return isinstance(A, tuple) and len(A) == 3 and all(isinstance(a, cla.Array) for a in A)
+
+
+class DeviceCSR:
+    """The validated device arrays of a CSR matrix, plus its ``indptr`` on the host."""
+
+    def __init__(self, data, indices, indptr_device, indptr_host, shape):
+        self.data, self.indices, self.indptr_device = data, indices, indptr_device
+        self.indptr = indptr_host
+        self.shape = shape
+        self.nnz = int(indices.size)
+        self.dtype = data.dtype
+
+    @property
+    def context(self):
+        return self.data.context
+
+    def copy_as(self, name: str, dtype, queue) -> cla.Array:
+        """A copy of one of the arrays in ``dtype``, made on the device."""
+        arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
+        return arr.astype(np.dtype(dtype), queue=queue)
+
+    def to_host(self, queue):
+        """The matrix as a scipy CSR on the host (one read back: for the conversions
+        that run on the host)."""
+
+        csr = sp.csr_matrix(self.shape, dtype=self.dtype)
+        csr.data = self.data.get(queue)
+        csr.indices = self.indices.get(queue)
+        csr.indptr = self.indptr
+        return csr
+
+
+def as_device_csr(triple, shape, queue) -> DeviceCSR:
+    """Validate ``(data, indices, indptr)`` pyopencl arrays as a CSR matrix of
+    ``shape`` on ``queue``'s context; refuse anything a kernel could index out of."""
+    if shape is None:
+        raise InvalidInputError("shape=(rows, cols) is required with a (data, indices, "
+                                "indptr) triple")
+    try:
+        rows, cols = (int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"shape must be a pair of integers, not {shape!r}") from None
+    if rows < 0 or cols < 0:
+        raise InvalidInputError(f"shape must not be negative: {shape!r}")
+    data, indices, indptr = triple
+    for name, arr in (("data", data), ("indices", indices), ("indptr", indptr)):
+        if arr.context != queue.context:
+            raise InvalidInputError(f"{name} lives on another OpenCL context than the "
+                                    "operator's device; pass device= its queue")
+        if arr.ndim != 1:
+            raise InvalidInputError(f"{name} must be one-dimensional, got shape {arr.shape}")
+        if arr.size and not arr.flags.c_contiguous:
+            raise InvalidInputError(f"{name} must be contiguous on the device")
+    for name, arr in (("indices", indices), ("indptr", indptr)):
+        if arr.dtype.kind not in "iu":
+            raise UnsupportedDtypeError(f"{name} must hold integers, not {arr.dtype}")
+    if data.dtype.kind == "c":
+        raise UnsupportedDtypeError(f"complex matrices ({data.dtype}) are not supported yet")
+    if data.dtype.kind not in "fiub":
+        raise UnsupportedDtypeError(f"matrix dtype {data.dtype} is not numeric")
+    if indptr.size != rows + 1:
+        raise InvalidInputError(
+            f"indptr has {indptr.size} entries; a {rows}-row matrix needs {rows + 1}")
+    if data.size != indices.size:
+        raise InvalidInputError(
+            f"data ({data.size}) and indices ({indices.size}) differ in length")
+    host_indptr = indptr.get(queue).astype(np.int64)
+    nnz = indices.size
+    if host_indptr[0] != 0 or host_indptr[-1] != nnz:
+        raise InvalidInputError(f"indptr must start at 0 and end at nnz={nnz} (got "
+                                f"{host_indptr[0]}..{host_indptr[-1]})")
+    if rows and np.any(np.diff(host_indptr) < 0):
+        raise InvalidInputError("indptr must be non-decreasing")
+    if nnz:
+        low = int(cla.min(indices, queue=queue).get())
+        high = int(cla.max(indices, queue=queue).get())
+        if low < 0 or high >= cols:
+            raise InvalidInputError(f"column indices must lie in [0, {cols}); found "
+                                    f"[{low}, {high}]")
+    return DeviceCSR(data, indices, indptr, host_indptr, (rows, cols))

@@ -1,0 +1,112 @@
+"""A CSR matrix given as pyopencl arrays: every format gives the products of the same
+matrix given on the host, the CSR kernels take it without reading it back, the
+operator keeps its own copies, bad structure is refused before any kernel runs, and
+update_values and format="auto" (online tuning) work on it."""
+
+import numpy as np
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+from conftest import DEVICES, assert_close, make_operator, poisoned, reference
+from matrix_cases import CASES
+
+import pyspmv_cl as psc
+from pyspmv_cl.bench import generators
+from pyspmv_cl.tuning import database
+
+pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+
+
+def on_device(queue, A, index_dtype=np.int32):
+    return (cla.to_device(queue, A.data), cla.to_device(queue, A.indices.astype(index_dtype)),
+            cla.to_device(queue, A.indptr.astype(index_dtype)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["empty_rows", "power_law", "0x0", "duplicates_csr"])
+@pytest.mark.parametrize("fmt", psc.formats())
+def test_every_format_takes_a_device_matrix(fmt, case, dtype, device, rng):
+    if dtype == np.float64 and not device.profile.fp64:
+        pytest.skip("no fp64")
+    A = sp.csr_matrix(CASES[case](rng) if callable(CASES[case]) else CASES[case])
+    triple = on_device(device.queue, A)
+    op = make_operator(triple, fmt, shape=A.shape, dtype=dtype, device=device)
+    if op is None:
+        pytest.skip(f"{fmt} refuses {case}")
+    x = rng.standard_normal(A.shape[1])
+    out = poisoned(A.shape[0], dtype)
+    op.matvec(x, out=out)
+    assert_close(out, reference(A, x), A, x, dtype)
+
+
+@pytest.mark.parametrize("fmt, params", [("csr-scalar", {}), ("csr-vector", {}),
+                                         ("csr-vector", {"mapping": "adaptive"})])
+def test_csr_kernels_never_read_the_matrix_back(fmt, params, device, rng, monkeypatch):
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    triple = on_device(device.queue, A, np.int64)   # cast to the operator's index type
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read the matrix back to the host")
+
+    monkeypatch.setattr(psc.device_inputs.DeviceCSR, "to_host", refuse)
+    op = psc.SpMV(triple, shape=A.shape, format=fmt, device=device, **params)
+    assert op.params["index_bits"] == 32
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, np.float64)
+    # The operator holds copies: the caller's arrays may change afterwards.
+    triple[0].fill(0)
+    assert_close(op @ x, reference(A, x), A, x, np.float64)
+
+
+def test_new_values_for_a_device_matrix(device, rng):
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format="sell", device=device)
+    B = A.copy()
+    B.data = rng.standard_normal(A.nnz)
+    op.update_values(B.data)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(B, x), B, x, np.float64)
+
+
+def test_auto_on_a_device_matrix_tunes_online(device, rng, tmp_path, monkeypatch):
+    monkeypatch.setenv(database.TUNING_DIR_ENV, str(tmp_path))
+    database.clear_memory()
+    A = generators.random_uniform(40_000, nnz_per_row=3, seed=5)
+    op = psc.SpMV(on_device(device.queue, A), shape=A.shape, device=device)
+    assert op.tuning.source == "online"
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, np.float64)
+    assert op.finish_tuning() == "done", op.tuning.online.error
+    assert_close(op @ x, reference(A, x), A, x, np.float64)
+    database.clear_memory()
+
+
+def test_the_arrays_queue_is_the_default_device(rng):
+    device = DEVICES[-1]
+    A = sp.random(50, 40, density=0.1, format="csr", random_state=3)
+    op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format="csr-scalar")
+    assert op.device.context == device.context
+
+
+def decreasing(indptr):
+    host = indptr.get()
+    host[1], host[2] = host[2] + 3, host[2]   # row 1 ends before it starts
+    return cla.to_device(indptr.queue, host)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda t: (t[0], t[1], t[2][:-1]), psc.InvalidInputError, "indptr has"),
+    (lambda t: (t[0][:-1], t[1], t[2]), psc.InvalidInputError, "differ in length"),
+    (lambda t: (t[0], t[1] + 1000, t[2]), psc.InvalidInputError, "column indices"),
+    (lambda t: (t[0], t[1] - 1000, t[2]), psc.InvalidInputError, "column indices"),
+    (lambda t: (t[0], t[1], decreasing(t[2])), psc.InvalidInputError, "non-decreasing"),
+    (lambda t: (t[0], t[1].astype(np.float32), t[2]), psc.UnsupportedDtypeError, "integers"),
+    (lambda t: (t[0].astype(np.complex64), t[1], t[2]), psc.UnsupportedDtypeError, "complex"),
+])
+def test_bad_device_matrices_are_refused(change, error, match, device):
+    A = sp.random(60, 50, density=0.1, format="csr", random_state=4)
+    triple = change(on_device(device.queue, A))
+    with pytest.raises(error, match=match):
+        psc.SpMV(triple, shape=A.shape, format="csr-scalar", device=device)
+    with pytest.raises(psc.InvalidInputError, match="shape"):
+        psc.SpMV(on_device(device.queue, A), format="csr-scalar", device=device)
