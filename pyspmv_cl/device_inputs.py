@@ -36,6 +36,19 @@ class DeviceCSR:
         arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
         return arr.astype(np.dtype(dtype), queue=queue)
 
+    def as_type(self, name: str, dtype, queue) -> cla.Array:
+        """One of the arrays in ``dtype``: itself when it has it (for reading only),
+        else a cast copy made on the device."""
+        arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
+        return arr if arr.dtype == np.dtype(dtype) else arr.astype(np.dtype(dtype), queue=queue)
+
+    @classmethod
+    def upload(cls, csr, queue, index_dtype, dtype) -> DeviceCSR:
+        """A validated host CSR uploaded in the given types (to convert on the device)."""
+        arrays = [cla.to_device(queue, np.ascontiguousarray(a, dtype=t)) for a, t in
+                  ((csr.data, dtype), (csr.indices, index_dtype), (csr.indptr, index_dtype))]
+        return cls(*arrays, np.asarray(csr.indptr, dtype=np.int64), tuple(csr.shape))
+
     def to_host(self, queue):
         """The matrix as a scipy CSR on the host (one read back: for the conversions
         that run on the host)."""

@@ -97,9 +97,13 @@ class SpMV:
             self.build_time = 0.0
         else:
             resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
+            source = csr
             if on_device and not fmt_cls.converts_on_device:
-                csr = csr.to_host(self.queue)   # this format converts on the host
-            self._impl = fmt_cls(csr, self.device, self.dtype, resolved)
+                source = csr.to_host(self.queue)   # this format converts on the host
+            elif not on_device and fmt_cls.host_input_on_device and profile.is_gpu:
+                source = DeviceCSR.upload(csr, self.queue, _upload_index_dtype(csr),
+                                          self.dtype)
+            self._impl = fmt_cls(source, self.device, self.dtype, resolved)
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
         self.format = format
@@ -365,6 +369,11 @@ class SpMV:
 
         return LinearOperator(self.shape, matvec=self.matvec, matmat=self.matvec,
                               dtype=self.dtype)
+
+
+def _upload_index_dtype(csr):
+    """int32 for the CSR arrays sent to a device-side conversion while they fit."""
+    return np.dtype(np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64)
 
 
 def spmv(A, x, *, out=None, alpha=1.0, beta=0.0, **kwargs):

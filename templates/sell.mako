@@ -78,3 +78,32 @@ ${c.store_y("out", "sum")}
     }
 % endif
 }
+
+% if device_conversion:
+## Conversion on the device from a CSR already there: sell_pad fills every slot with
+## column -1 and value 0, then one work-item per row scatters its entries to their
+## slots (entry j of row r at row_base[r] + j*C; row_base, one number per row, comes
+## from the host's slice layout).
+${signature("sell_pad")}
+{
+    const long slot = get_global_id(0);
+    if (slot < n_slots) {
+        col_idx_out[slot] = -1;
+        values_out[slot] = 0;
+    }
+}
+
+${signature("sell_scatter")}
+{
+    const long row = get_global_id(0);
+    if (row < n_rows) {
+        const long base = row_base[row];
+        const index_t end = csr_row_ptr[row + 1];
+        for (index_t j = csr_row_ptr[row]; j < end; ++j) {
+            const long slot = base + (long)j * C;
+            col_idx_out[slot] = csr_col_idx[j];
+            values_out[slot] = csr_values[j];
+        }
+    }
+}
+% endif

@@ -4,6 +4,7 @@ operator keeps its own copies, bad structure is refused before any kernel runs, 
 update_values and format="auto" (online tuning) work on it."""
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
@@ -110,3 +111,38 @@ def test_bad_device_matrices_are_refused(change, error, match, device):
         psc.SpMV(triple, shape=A.shape, format="csr-scalar", device=device)
     with pytest.raises(psc.InvalidInputError, match="shape"):
         psc.SpMV(on_device(device.queue, A), format="csr-scalar", device=device)
+
+
+def read_back(op, name, dtype):
+    buf = op._impl.buffers[name]
+    host = np.empty(buf.size // np.dtype(dtype).itemsize, dtype)
+    cl.enqueue_copy(op.queue, host, buf)
+    return host
+
+
+@pytest.mark.parametrize("params", [{}, {"sigma": 1}, {"sigma": "all", "slice_height": 4},
+                                    {"mapping": "rows", "threads_per_row": 2,
+                                     "slice_height": 8, "work_group_size": 64}])
+@pytest.mark.parametrize("case", ["power_law", "empty_rows", "row_length_sweep"])
+def test_sell_converts_on_the_device_to_the_host_conversion_s_arrays(case, params, device,
+                                                                       rng):
+    """sell's device-side conversion (from a device matrix, and from a host one on a
+    GPU) gives exactly the arrays of its host conversion."""
+    A = sp.csr_matrix(CASES[case](rng))
+    on_host = psc.SpMV(A, format="sell", dtype=np.float32, device=device, **params)
+    gpu = device.override(device_type="gpu")
+    for op in (psc.SpMV(on_device(device.queue, A), shape=A.shape, format="sell",
+                        dtype=np.float32, device=device, **params),
+               psc.SpMV(A, format="sell", dtype=np.float32, device=gpu,
+                        **{"mapping": "slices", **params})
+               if params.get("mapping") != "rows" else None):
+        if op is None:
+            continue
+        assert op._impl.converting_on_device
+        assert set(op._impl.buffers) == set(on_host._impl.buffers)
+        for name in on_host._impl.buffers:
+            dtype = np.float32 if name == "values" else on_host._impl.index_dtype
+            np.testing.assert_array_equal(read_back(op, name, dtype),
+                                          read_back(on_host, name, dtype), err_msg=name)
+        x = rng.standard_normal(A.shape[1])
+        assert_close(op @ x, reference(A, x), A, x, np.float32)

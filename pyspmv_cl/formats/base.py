@@ -212,6 +212,8 @@ class SpMVFormat:
         self.index_dtype = choose_index_dtype(self.shape[0], self.shape[1], csr.nnz,
                                               self.index_bits_asked)
         self.params["index_bits"] = self.index_dtype.itemsize * 8
+        #: Whether the matrix came on the device (convert_device makes the arrays).
+        self.converting_on_device = isinstance(csr, DeviceCSR)
         start_analyse = time.perf_counter()
         self.analyse(csr)
         analysed = time.perf_counter()
@@ -222,7 +224,7 @@ class SpMVFormat:
         built = time.perf_counter()
         #: Seconds spent getting the compiled kernels (near zero from the kernel cache).
         self.build_seconds = built - start
-        on_device = isinstance(csr, DeviceCSR)
+        on_device = self.converting_on_device
         host_arrays = self.convert_device(csr) if on_device else self.convert(csr)
         scratch = {k: int(v) for k, v in self.scratch_sizes().items()}
         sizes = {name: arr.nbytes for name, arr in host_arrays.items()}
@@ -285,6 +287,9 @@ class SpMVFormat:
     #: Whether ``convert_device`` exists (a matrix given on the device is converted
     #: there; other formats get it read back once and convert on the host).
     converts_on_device: typing.ClassVar[bool] = False
+    #: Whether a host matrix is better uploaded as CSR and converted on a GPU (the
+    #: host conversion costing more than the upload and a kernel).
+    host_input_on_device: typing.ClassVar[bool] = False
 
     def convert_device(self, csr: DeviceCSR) -> dict:
         """Like ``convert``, for a matrix on the device: pyopencl arrays made on the

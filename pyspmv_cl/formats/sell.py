@@ -21,16 +21,28 @@ Two work mappings, both rendered into the kernel:
 """
 
 import numpy as np
+import pyopencl.array as cla
 
-from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
+from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
 from ..errors import IndexOverflowError, InvalidParameterError
+from ..launching import enqueue_launch
 from . import params as P
-from .base import INT32_LIMIT, SpMVFormat, csr_bytes, fits_int32, pow2_floor, skewed_rows
+from .base import (
+    INT32_LIMIT,
+    SpMVFormat,
+    csr_bytes,
+    fits_int32,
+    pow2_floor,
+    round_up,
+    skewed_rows,
+)
 from .registry import register
 
 SLICE_HEIGHTS = (1, 2, 4, 8, 16, 32, 64)
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64)
 MAPPINGS = ("rows", "slices")
+# Work-items per group of the conversion kernel (one per row).
+SCATTER_GROUP = 64
 
 # sigma="auto": the smallest window (1, then LADDER_STEP**k * C rows, then the whole
 # matrix) whose padding is within AUTO_SIGMA_SLACK of the whole-matrix sort's.  Small
@@ -117,6 +129,8 @@ class SELL(SpMVFormat):
     name = "sell"
     order = 6
     template = "sell.mako"
+    converts_on_device = True
+    host_input_on_device = True   # GPUs: 20M non-zeros, 0.5-0.9 s on the host (H200 host)
     params = (
         P.Param("slice_height", P.one_of(*SLICE_HEIGHTS), "rows per slice (C)"),
         P.Param("sigma", P.or_words(P.positive_int(), "all", "auto"),
@@ -245,7 +259,8 @@ class SELL(SpMVFormat):
     def template_params(self):
         p = self.params
         return {"slice_height": p["slice_height"], "mapping": p["mapping"],
-                "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm}
+                "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm,
+                "device_conversion": self.converting_on_device}
 
     def kernel_specs(self):
         args = (scalar("n_rows", "long"), scalar("n_slices", "long"),
@@ -253,7 +268,17 @@ class SELL(SpMVFormat):
                 matrix("values", "real_t"))
         if self._has_perm:
             args += (matrix("perm", "index_t"),)
-        return [KernelSpec("sell", (*args, *PRODUCT_ARGS), fixed_group=True)]
+        specs = [KernelSpec("sell", (*args, *PRODUCT_ARGS), fixed_group=True)]
+        if self.converting_on_device:
+            specs.append(KernelSpec("sell_pad", (
+                scalar("n_slots", "long"), scratch("col_idx_out", "index_t"),
+                scratch("values_out", "real_t"))))
+            specs.append(KernelSpec("sell_scatter", (
+                scalar("n_rows", "long"), matrix("csr_row_ptr", "index_t"),
+                matrix("csr_col_idx", "index_t"), matrix("csr_values", "real_t"),
+                matrix("row_base", "long"), scratch("col_idx_out", "index_t"),
+                scratch("values_out", "real_t"))))
+        return specs
 
     def local_bytes(self, work_group_size):
         if self.params["mapping"] == "rows" and self.params["threads_per_row"] > 1:
@@ -266,29 +291,71 @@ class SELL(SpMVFormat):
         return 1
 
     # -- conversion --------------------------------------------------------------------
-    def convert(self, csr):
+    def _row_base(self):
+        """Entry j of CSR (the k-th of row r) goes to slot slice_ptr[s] + k*C + lane,
+        where position[r] = s*C + lane is where the sort put r; with k = j - indptr[r]
+        that is a per-row base plus j*C.  Returns (row_base, row_lengths, perm,
+        slice_ptr), all from the row lengths alone."""
         indptr, row_lengths, perm, slice_ptr = self._layout
         del self._layout
-        m = self.shape[0]
         C = self.params["slice_height"]
-        # Entry j of CSR (the k-th of row r) goes to slot slice_ptr[s] + k*C + lane, where
-        # position[r] = s*C + lane is where the sort put r; with k = j - indptr[r] that
-        # is a per-row base plus j*C.
-        position = np.arange(m, dtype=np.int64)
+        position = np.arange(self.shape[0], dtype=np.int64)
         if self._has_perm:
             position[perm] = position.copy()
         row_base = slice_ptr[position // C] + position % C - indptr[:-1] * C
+        return row_base, row_lengths, perm, slice_ptr
+
+    def _layout_arrays(self, perm, slice_ptr):
+        arrays = {"slice_ptr": slice_ptr.astype(self.index_dtype)}
+        if self._has_perm:
+            arrays["perm"] = perm.astype(self.index_dtype)
+        return arrays
+
+    def convert(self, csr):
+        row_base, row_lengths, perm, slice_ptr = self._row_base()
+        C = self.params["slice_height"]
         slot = np.arange(0, csr.nnz * C, C, dtype=np.int64)
         slot += np.repeat(row_base, row_lengths)
         col_idx = np.full(int(slice_ptr[-1]), -1, dtype=self.index_dtype)
         values = np.zeros(int(slice_ptr[-1]), dtype=self.dtype)
         col_idx[slot] = csr.indices
         values[slot] = csr.data
-        arrays = {"slice_ptr": slice_ptr.astype(self.index_dtype),
-                  "col_idx": col_idx, "values": values}
-        if self._has_perm:
-            arrays["perm"] = perm.astype(self.index_dtype)
-        return arrays
+        return {**self._layout_arrays(perm, slice_ptr), "col_idx": col_idx,
+                "values": values}
+
+    def convert_device(self, csr):
+        """The same arrays made on the device from a CSR there: the layout (one number
+        per row or slice) on the host, the non-zeros scattered by ``sell_scatter``."""
+        row_base, _, perm, slice_ptr = self._row_base()
+        queue = self.device.queue
+        n_slots = int(slice_ptr[-1])
+        col_idx = cla.empty(queue, n_slots, self.index_dtype)
+        values = cla.empty(queue, n_slots, self.dtype)
+        arrays = {name: cla.to_device(queue, arr)
+                  for name, arr in self._layout_arrays(perm, slice_ptr).items()}
+        wg = min(SCATTER_GROUP, self.profile.max_work_group_size)
+        steps = []
+        if n_slots:
+            steps.append(self.step("sell_pad", round_up(n_slots, wg), wg, n_slots=n_slots,
+                                   col_idx_out=col_idx.base_data,
+                                   values_out=values.base_data))
+        if csr.nnz:
+            steps.append(self.step(
+                "sell_scatter", round_up(self.shape[0], wg), wg, n_rows=self.shape[0],
+                csr_row_ptr=csr.as_type("indptr", self.index_dtype, queue).base_data,
+                csr_col_idx=csr.as_type("indices", self.index_dtype, queue).base_data,
+                csr_values=csr.as_type("data", self.dtype, queue).base_data,
+                row_base=cla.to_device(queue, row_base).base_data,
+                col_idx_out=col_idx.base_data, values_out=values.base_data))
+        event = None
+        for step in steps:   # in order, on any queue
+            launch = self._bind(step, None, None, None, None)
+            launch.kernel.set_args(*launch.args)
+            event = enqueue_launch(queue, launch.kernel, (launch.global_size,),
+                                   (launch.local_size,),
+                                   wait_for=None if event is None else [event])
+        queue.finish()   # done before any product, whatever the queue's order
+        return {**arrays, "col_idx": col_idx, "values": values}
 
     # -- launching ---------------------------------------------------------------------------
     def launches(self, beta):
