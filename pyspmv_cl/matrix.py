@@ -9,6 +9,7 @@ from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import InvalidInputError, UnsupportedDtypeError
 from .features import MatrixFeatures
 from .formats import get_format
+from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
 from .tuning.tuner import select
@@ -97,13 +98,7 @@ class SpMV:
             self.build_time = 0.0
         else:
             resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
-            source = csr
-            if on_device and not fmt_cls.converts_on_device:
-                source = csr.to_host(self.queue)   # this format converts on the host
-            elif not on_device and fmt_cls.host_input_on_device and profile.is_gpu:
-                source = DeviceCSR.upload(csr, self.queue, _upload_index_dtype(csr),
-                                          self.dtype)
-            self._impl = fmt_cls(source, self.device, self.dtype, resolved)
+            self._impl = instantiate(fmt_cls, csr, self.device, self.dtype, resolved)
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
         self.format = format
@@ -369,11 +364,6 @@ class SpMV:
 
         return LinearOperator(self.shape, matvec=self.matvec, matmat=self.matvec,
                               dtype=self.dtype)
-
-
-def _upload_index_dtype(csr):
-    """int32 for the CSR arrays sent to a device-side conversion while they fit."""
-    return np.dtype(np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64)
 
 
 def spmv(A, x, *, out=None, alpha=1.0, beta=0.0, **kwargs):

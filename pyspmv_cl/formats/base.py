@@ -429,6 +429,23 @@ class SpMVFormat:
         return event
 
 
+def instantiate(cls, csr, device, dtype, params: dict) -> SpMVFormat:
+    """``cls(csr, device, dtype, params)`` with the matrix where its conversion runs: a
+    device matrix is read back for a format that converts on the host, and a host matrix
+    goes up as CSR for a format that converts faster on a GPU."""
+    start = time.perf_counter()
+    if isinstance(csr, DeviceCSR):
+        if not cls.converts_on_device:
+            csr = csr.to_host(device.queue)
+    elif cls.host_input_on_device and device.profile.is_gpu:
+        index = np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64
+        csr = DeviceCSR.upload(csr, device.queue, index, dtype)
+    moved = time.perf_counter() - start
+    impl = cls(csr, device, dtype, params)
+    impl.conversion_seconds += moved   # the read back or the upload is part of it
+    return impl
+
+
 def csr_bytes(features: MatrixFeatures, dtype) -> float:
     """Bytes of the matrix in CSR with 32-bit indices (the cost estimates' unit)."""
     v, i = np.dtype(dtype).itemsize, 4

@@ -38,6 +38,7 @@ from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, fingerprint, row_length_histogram
 from ..formats import FORMATS
+from ..formats.base import instantiate
 from ..launching import launches_seconds
 from . import database, online
 from .heuristics import choose_format
@@ -227,7 +228,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         t0 = time.perf_counter()
         try:
             resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
-            impl = cls(csr, device, dtype, resolved)
+            impl = instantiate(cls, csr, device, dtype, resolved)
             conversion = impl.conversion_seconds
             err = bench.error(impl)
             if not err <= _tolerance(dtype):
