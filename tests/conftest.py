@@ -89,8 +89,11 @@ def assert_close(y, y_ref, A, x, dtype):
     results and unwritten (NaN-poisoned) entries always fail."""
     y = np.asarray(y, dtype=np.float64)
     assert y.shape == y_ref.shape
-    A64 = sp.csr_matrix(A, dtype=np.float64, copy=True)  # abs() would sum duplicates in place
-    scale = abs(A64) @ np.abs(np.asarray(x, dtype=np.float64))
+    A64 = sp.csr_matrix(A, dtype=np.float64, copy=True)
+    # |a| of every stored entry, duplicates apart: abs() sums duplicates first, and a
+    # row whose duplicates cancel would then get the bound of its (small) result.
+    magnitudes = sp.csr_matrix((np.abs(A64.data), A64.indices, A64.indptr), shape=A64.shape)
+    scale = magnitudes @ np.abs(np.asarray(x, dtype=np.float64))
     scale = np.maximum(scale, np.abs(y_ref))
     tol = tolerance(dtype, A)
     finite = np.isfinite(y_ref)
