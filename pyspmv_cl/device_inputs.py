@@ -11,6 +11,7 @@ import pyopencl.array as cla
 import scipy.sparse as sp
 
 from .errors import InvalidInputError, UnsupportedDtypeError
+from .inputs import check_triple
 
 
 def is_device_triple(A) -> bool:
@@ -63,37 +64,18 @@ class DeviceCSR:
 def as_device_csr(triple, shape, queue) -> DeviceCSR:
     """Validate ``(data, indices, indptr)`` pyopencl arrays as a CSR matrix of
     ``shape`` on ``queue``'s context; refuse anything a kernel could index out of."""
-    if shape is None:
-        raise InvalidInputError("shape=(rows, cols) is required with a (data, indices, "
-                                "indptr) triple")
-    try:
-        rows, cols = (int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"shape must be a pair of integers, not {shape!r}") from None
-    if rows < 0 or cols < 0:
-        raise InvalidInputError(f"shape must not be negative: {shape!r}")
     data, indices, indptr = triple
+    rows, cols = check_triple(data, indices, indptr, shape)
     for name, arr in (("data", data), ("indices", indices), ("indptr", indptr)):
         if arr.context != queue.context:
             raise InvalidInputError(f"{name} lives on another OpenCL context than the "
                                     "operator's device; pass device= its queue")
-        if arr.ndim != 1:
-            raise InvalidInputError(f"{name} must be one-dimensional, got shape {arr.shape}")
         if arr.size and not arr.flags.c_contiguous:
             raise InvalidInputError(f"{name} must be contiguous on the device")
-    for name, arr in (("indices", indices), ("indptr", indptr)):
-        if arr.dtype.kind not in "iu":
-            raise UnsupportedDtypeError(f"{name} must hold integers, not {arr.dtype}")
     if data.dtype.kind == "c":
         raise UnsupportedDtypeError(f"complex matrices ({data.dtype}) are not supported yet")
     if data.dtype.kind not in "fiub":
         raise UnsupportedDtypeError(f"matrix dtype {data.dtype} is not numeric")
-    if indptr.size != rows + 1:
-        raise InvalidInputError(
-            f"indptr has {indptr.size} entries; a {rows}-row matrix needs {rows + 1}")
-    if data.size != indices.size:
-        raise InvalidInputError(
-            f"data ({data.size}) and indices ({indices.size}) differ in length")
     host_indptr = indptr.get(queue).astype(np.int64)
     nnz = indices.size
     if host_indptr[0] != 0 or host_indptr[-1] != nnz:

@@ -11,31 +11,39 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _SUPPORTED_TEXT = "float32 and float64"
 
 
-def _csr_from_triple(A, shape):
-    if len(A) != 3:
-        raise TypeError("a CSR triple must be (data, indices, indptr)")
-    if shape is None:
-        raise TypeError("shape=(rows, cols) is required with a (data, indices, indptr) triple")
-    data, indices, indptr = (np.asarray(a) for a in A)
-    rows, cols = _check_shape(shape)
+def check_triple(data, indices, indptr, shape):
+    """``(rows, cols)`` of a ``(data, indices, indptr)`` triple with ``shape``, after
+    the checks that need no pass over the entries (numpy or pyopencl arrays alike)."""
+    if shape is None:   # a missing argument: TypeError, as Python raises for one
+        raise TypeError("shape=(rows, cols) is required with a (data, indices, indptr) "
+                        "triple")
+    rows, cols = check_shape(shape)
     for name, arr in (("data", data), ("indices", indices), ("indptr", indptr)):
         if arr.ndim != 1:
             raise InvalidInputError(f"{name} must be one-dimensional, got shape {arr.shape}")
     for name, arr in (("indices", indices), ("indptr", indptr)):
         if arr.size and arr.dtype.kind not in "iu":
-            raise TypeError(f"{name} must hold integers, not {arr.dtype}")
+            raise UnsupportedDtypeError(f"{name} must hold integers, not {arr.dtype}")
     if indptr.size != rows + 1:
         raise InvalidInputError(
             f"indptr has {indptr.size} entries; a {rows}-row matrix needs {rows + 1}")
     if data.size != indices.size:
         raise InvalidInputError(f"data ({data.size}) and indices ({indices.size}) differ in length")
+    return rows, cols
+
+
+def _csr_from_triple(A, shape):
+    if len(A) != 3:
+        raise TypeError("a CSR triple must be (data, indices, indptr)")
+    data, indices, indptr = (np.asarray(a) for a in A)
+    rows, cols = check_triple(data, indices, indptr, shape)
     # Build without scipy's own checks; validate_csr below checks everything vectorised.
     csr = sp.csr_matrix((rows, cols), dtype=data.dtype if data.size else np.float64)
     csr.data, csr.indices, csr.indptr = data, indices, indptr
     return csr
 
 
-def _check_shape(shape):
+def check_shape(shape):
     try:
         rows, cols = (int(s) for s in shape)
     except (TypeError, ValueError):
