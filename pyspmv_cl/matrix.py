@@ -1,5 +1,7 @@
 """The user-facing SpMV operator: y = alpha * A @ x + beta * y on one OpenCL device."""
 
+import threading
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -58,9 +60,8 @@ class SpMV:
     ``conversion_time`` (seconds spent converting and uploading), ``build_time``
     (seconds spent getting the compiled kernel: near zero from the kernel cache).
 
-    One operator is not meant to be used from several threads at once: host vectors
-    travel through per-operator staging buffers, and its kernels keep their arguments
-    (x, y, alpha, beta) set from one product to the next.
+    One operator may be shared by several threads: its products and value updates
+    run one at a time (a lock per operator), as they would on the device's queue.
     """
 
     def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
@@ -104,6 +105,7 @@ class SpMV:
         self.format = format
         self.nbytes = self._impl.nbytes
         self._staging = {}
+        self._lock = threading.RLock()
         # The pattern, for update_values (references: no copy of the caller's arrays;
         # a matrix given on the device is read back only if update_values needs it).
         self._structure_source = csr
@@ -146,9 +148,13 @@ class SpMV:
         beta = check_real_scalar("beta", beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
-        if _is_device_array(x):
-            return self._matvec_device(x, out, alpha, beta)
-        return self._matvec_host(x, out, alpha, beta)
+        # One product at a time per operator: host vectors go through its staging
+        # buffers, and its kernels keep their arguments between products.  Products
+        # share the device's queue anyway; the lock costs well under a microsecond.
+        with self._lock:
+            if _is_device_array(x):
+                return self._matvec_device(x, out, alpha, beta)
+            return self._matvec_host(x, out, alpha, beta)
 
     # -- helpers -------------------------------------------------------------------------
     def _check_vector_dtype(self, name, dtype):
@@ -219,12 +225,13 @@ class SpMV:
         tuning = self.tuning.online if self.tuning is not None else None
         if tuning is None:
             return "none"
-        if self._online is not None:
-            if tuning.state == "waiting":
+        with self._lock:
+            if self._online is not None and tuning.state == "waiting":
                 tuning.trigger = tuning.calls + 1
                 tuning.note_call(self._impl, self._values_version)
-            tuning.wait(timeout)
-            if tuning.state not in ("waiting", "running"):
+        tuning.wait(timeout)   # products of other threads go on meanwhile
+        with self._lock:
+            if self._online is not None and tuning.state not in ("waiting", "running"):
                 self._poll_online()
         return tuning.state
 
@@ -349,6 +356,10 @@ class SpMV:
         call then costs the upload of the values and one scatter kernel.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
         data = check_values(data, self._structure_source.nnz)
+        with self._lock:
+            self._update_values(data)
+
+    def _update_values(self, data):
         self._values_version += 1
         if self._online is not None:   # the winner will need these values too
             self._latest_values = np.array(data, dtype=self.dtype)
