@@ -5,12 +5,13 @@ import threading
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
+import scipy.sparse as sp
 
 from .device import get_device
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
-from .errors import InvalidInputError, UnsupportedDtypeError
+from .errors import InvalidInputError, UnknownParameterError, UnsupportedDtypeError
 from .features import MatrixFeatures
-from .formats import get_format
+from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
@@ -98,7 +99,12 @@ class SpMV:
                  if c["format"] == format and c["params"] == self.tuning.params), 0.0)
             self.build_time = 0.0
         else:
-            resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
+            try:
+                resolved = fmt_cls.resolve_params(features, profile, self.dtype, params)
+            except UnknownParameterError as exc:
+                if self.tuning is None:
+                    raise
+                raise _not_for_the_chosen_format(params, format, self.explanation) from exc
             self._impl = instantiate(fmt_cls, csr, self.device, self.dtype, resolved)
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
@@ -236,6 +242,9 @@ class SpMV:
         return tuning.state
 
     def _matvec_host(self, x, out, alpha, beta):
+        if x is None or sp.issparse(x) or isinstance(x, (str, bytes, dict, set)):
+            raise TypeError(f"x must be a dense vector (a numpy or pyopencl array of "
+                            f"{self.shape[1]} numbers), not {type(x).__name__}")
         x = np.asarray(x)
         self._check_vector_dtype("x", x.dtype)
         self._check_x_shape(x.shape)
@@ -375,6 +384,21 @@ class SpMV:
 
         return LinearOperator(self.shape, matvec=self.matvec, matmat=self.matvec,
                               dtype=self.dtype)
+
+
+def _not_for_the_chosen_format(params, chosen, why):
+    """format="auto" chose a format that does not take a parameter the caller gave:
+    name the formats it belongs to."""
+    registry = FORMATS
+    unknown = sorted(set(params) - set(registry[chosen].parameter_names()))
+    owners = {name: [f for f, cls in registry.items() if name in cls.parameter_names()]
+              for name in unknown}
+    belongs = "; ".join(f"{name} belongs to {', '.join(fmts) or 'no format'}"
+                        for name, fmts in owners.items())
+    return UnknownParameterError(
+        f"format='auto' chose {chosen!r}, which takes no {', '.join(unknown)} ({belongs}); "
+        f"pass format= one of those to use it, or leave the parameter out. The choice: "
+        f"{why}")
 
 
 def spmv(A, x, *, out=None, alpha=1.0, beta=0.0, **kwargs):

@@ -459,3 +459,22 @@ def test_device_selection_of_wrong_type(rng):
         psc.get_device(1.5)
     with pytest.raises(TypeError, match="device must be"):
         psc.SpMV(small_matrix(rng), device=object())
+
+
+@pytest.mark.parametrize("bad", [None, "abc", "sparse"])
+def test_x_must_be_a_dense_vector(bad, cpu_device):
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=0)
+    op = psc.SpMV(A, format="csr-scalar", device=cpu_device)
+    x = sp.eye(20, format="csr") if bad == "sparse" else bad
+    with pytest.raises(TypeError, match="x must be a dense vector .* of 20 numbers"):
+        op @ x
+
+
+def test_auto_names_the_formats_a_parameter_belongs_to(cpu_device):
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=0)
+    with pytest.raises(psc.UnknownParameterError) as info:
+        psc.SpMV(A, device=cpu_device, tune=False, vector_size=8)
+    text = str(info.value)
+    assert "format='auto' chose" in text and "vector_size belongs to csr-vector" in text
+    with pytest.raises(psc.UnknownParameterError, match="belongs to no format"):
+        psc.SpMV(A, device=cpu_device, tune=False, no_such_parameter=1)
