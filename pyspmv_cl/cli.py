@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from . import bench
+from ._version import __version__
 from .bench.generators import DEFAULT_SPECS, GENERATOR_HELP, from_spec
 from .device import devices, get_device
 from .errors import PySpMVError
@@ -172,6 +173,7 @@ def _cmd_tune(args):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="pyspmv-cl", description="Sparse matrix-vector multiplication on OpenCL devices.")
+    parser.add_argument("--version", action="version", version=f"pyspmv-cl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list OpenCL devices and their profiles")

@@ -116,3 +116,13 @@ def test_bench_bad_arguments(args, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_version(capsys):
+    from pyspmv_cl import __version__
+    from pyspmv_cl.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pyspmv-cl {__version__}"
