@@ -240,3 +240,26 @@ def test_key_separates_dtype_device_profile_and_structure():
     C.indices = C.indices.copy()
     C.indices[[0, 1]] = C.indices[[1, 0]]   # same statistics, other structure
     assert psc.tuning.fingerprint(C) != fp
+
+
+@pytest.mark.parametrize("params", [{"bogus_param": 1}, {"work_group_size": -7}])
+def test_entry_with_invalid_parameters_is_retuned_with_one_warning(db, rng, params):
+    """Valid JSON with parameters its format refuses: ignored like a damaged entry
+    (one warning), re-tuned and overwritten; SpMV never raises for it."""
+    A = matrix()
+    tune(A)
+    (path,) = entries(db)
+    entry = json.loads(path.read_text())
+    for candidate in entry["candidates"]:
+        candidate["params"] = dict(params)
+    path.write_text(json.dumps(entry))
+    database.clear_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = tune(A)
+    assert op.tuning.source == "measured"
+    invalid = [w for w in caught if "invalid parameters" in str(w.message)]
+    assert len(invalid) == 1, [str(w.message) for w in caught]
+    stored = json.loads(path.read_text())
+    assert all(c["params"] != params for c in stored["candidates"])
+    check(op, A, rng)

@@ -34,6 +34,7 @@ import time
 import numpy as np
 import pyopencl as cl
 
+from .. import store
 from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, fingerprint, row_length_histogram
@@ -408,6 +409,9 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
     else:
         entry = database.load(key)
         chosen = entry and _pick(entry, expected_calls, FORMATS)
+        if chosen and not _usable(chosen, features, profile, dtype, user_params,
+                                  (key, entry.get("created"), repr(chosen["params"]))):
+            chosen = None   # re-decided below, and overwritten when measured
         if chosen:
             when = entry.get("created", "earlier")
             return Decision(chosen["format"], dict(chosen["params"]),
@@ -451,6 +455,21 @@ def _store_decision(key, fp, entry, impl, chosen, expected_calls, source, second
                               f"{how} in {entry['tuning_seconds']:.2f} s"),
                     source, impl=impl, kernel_seconds=chosen["kernel_seconds"],
                     tuning_seconds=seconds, entry=entry)
+
+
+def _usable(chosen, features, profile, dtype, user_params, tag):
+    """Whether a stored choice's parameters are valid for its format: an entry edited
+    or written by another version with bad parameters is ignored like a damaged one
+    (one warning per entry: ``tag`` is its key, creation time and bad parameters)."""
+    try:
+        FORMATS[chosen["format"]].resolve_params(
+            features, profile, dtype, {**(user_params or {}), **chosen["params"]})
+    except (TypeError, ValueError) as exc:
+        store.warn_once(("tuning-invalid", tag),
+                        f"pyspmv_cl: ignoring a tuning database entry with invalid "
+                        f"parameters ({exc}); tuning anew")
+        return False
+    return True
 
 
 def _online_decision(csr, features, device, dtype, user_params, key, fp, budget, spent):
