@@ -15,6 +15,7 @@ directory degrades to a memory-only cache with one warning, leaving no partial f
 
 import hashlib
 import os
+import shutil
 import struct
 import threading
 import warnings
@@ -82,6 +83,8 @@ def _load_entry(path, key):
             blob = fh.read()
     except FileNotFoundError:
         return None, None
+    except IsADirectoryError:   # not an entry at all: replace it like a damaged one
+        raise DamagedEntry("a directory where the entry belongs", os.stat(path)) from None
     if len(blob) < _HEADER.size:
         raise DamagedEntry("truncated header", stat)
     magic, key_digest, bin_digest, length = _HEADER.unpack_from(blob)
@@ -125,7 +128,10 @@ def _discard(path, stat=None):
     try:
         if stat is not None and not _same_file(os.stat(path), stat):
             return
-        path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     except OSError:
         pass
 
