@@ -61,10 +61,27 @@ def _cmd_bench(args):
         print(f"unknown format(s) {unknown}; available: {', '.join(FORMATS)}, auto, all",
               file=sys.stderr)
         return 2
+    if not formats:
+        print("--formats names no format: give names, 'all' or 'auto'", file=sys.stderr)
+        return 2
     dtypes = ["float32", "float64"] if args.dtype == "both" else _split(args.dtype)
+    if not dtypes:
+        print("--dtype names no dtype: use float32, float64 or both", file=sys.stderr)
+        return 2
     for dt in dtypes:
         if dt not in ("float32", "float64"):
             print(f"unknown dtype {dt!r}: use float32, float64 or both", file=sys.stderr)
+            return 2
+    if args.repeat < 1 or args.min_time < 0:
+        print("--repeat must be at least 1 and --min-time at least 0", file=sys.stderr)
+        return 2
+    if args.json and args.json != "-":
+        try:   # before the runs, not after them
+            with open(args.json, "a"):
+                pass
+        except OSError as exc:
+            print(f"pyspmv-cl bench: cannot write --json {args.json}: {exc.strerror}",
+                  file=sys.stderr)
             return 2
     peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
     specs = args.matrices or list(DEFAULT_SPECS)
@@ -114,6 +131,7 @@ def _cmd_tune(args):
         print("--expected-calls must be a positive integer", file=sys.stderr)
         return 2
     jobs = []
+    refused = 0   # matrices not tuned: the exit status says so
     for spec in args.matrices:
         try:
             name, A = from_spec(spec)
@@ -122,6 +140,7 @@ def _cmd_tune(args):
             return 2
         if A.dtype.kind == "c":
             print(f"pyspmv-cl tune: {name}: complex matrices are not supported", file=sys.stderr)
+            refused += 1
             continue
         dtypes = ([np.float32, np.float64] if args.dtype == "both" else
                   [resolve_dtype(None, A.dtype, device.profile)] if args.dtype == "default"
@@ -158,7 +177,7 @@ def _cmd_tune(args):
     if args.json:
         print(json.dumps({"device": device.profile.name, "database": str(database_dir()),
                           "results": rows}, indent=1, default=str))
-        return 0
+        return 1 if refused else 0
     print(f"device: {device.profile.name} ({device.id}); tuning database: "
           f"{database_dir() or 'memory only (PYSPMV_CL_NO_CACHE)'}")
     for r in rows:
@@ -167,7 +186,7 @@ def _cmd_tune(args):
               f"[{r['source']}, kernel {kernel}, {r['seconds']:.2f} s]")
         if args.verbose:
             print(f"    {r['explanation']}")
-    return 0
+    return 1 if refused else 0
 
 
 def build_parser():

@@ -380,6 +380,10 @@ def get_device(device=None):
     if not isinstance(device, str):
         raise TypeError(f"device must be a Device, pyopencl Device/Context/CommandQueue, "
                         f"int or str, not {type(device).__name__}")
+    if not device.strip():   # a blank selection would match every device's name
+        raise DeviceNotFoundError(f"device selection {device!r} (from {source}) is blank: "
+                                  "name a device (e.g. '0:1', gpu, cpu, pocl) or leave it "
+                                  "unset for the default")
     hits = _match(device, candidates)
     if not hits:
         listing = "\n  ".join(_describe(c) for c in candidates)

@@ -46,6 +46,8 @@ def _csr_from_triple(A, shape):
 def check_shape(shape):
     try:
         rows, cols = (int(s) for s in shape)
+        if len(shape) != 2 or any(s != int(s) or isinstance(s, (bool, str)) for s in shape):
+            raise ValueError
     except (TypeError, ValueError):
         raise InvalidInputError(f"shape must be a pair of integers, not {shape!r}") from None
     if rows < 0 or cols < 0:
@@ -121,6 +123,8 @@ def resolve_dtype(requested, matrix_dtype, profile):
 
 
 def check_real_scalar(name, value):
+    if isinstance(value, (str, bytes)):   # float("2") would take it silently
+        raise TypeError(f"{name} must be a real number, not the string {value!r}")
     if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
         raise UnsupportedDtypeError(f"{name} must be real, got {value!r}")
     try:

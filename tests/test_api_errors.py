@@ -478,3 +478,19 @@ def test_auto_names_the_formats_a_parameter_belongs_to(cpu_device):
     assert "format='auto' chose" in text and "vector_size belongs to csr-vector" in text
     with pytest.raises(psc.UnknownParameterError, match="belongs to no format"):
         psc.SpMV(A, device=cpu_device, tune=False, no_such_parameter=1)
+
+
+def test_loose_inputs_are_refused(cpu_device, monkeypatch):
+    """A numeric string for alpha, a fractional shape, a blank device selection and a
+    negative tuning-budget rate each get a clear error."""
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=0)
+    op = psc.SpMV(A, format="csr-scalar", device=cpu_device)
+    with pytest.raises(TypeError, match="alpha must be a real number, not the string"):
+        op.matvec(np.ones(20), alpha="2")
+    with pytest.raises(psc.InvalidInputError, match="pair of integers"):
+        psc.SpMV((A.data, A.indices, A.indptr), shape=(29.9, 20), device=cpu_device)
+    with pytest.raises(psc.DeviceNotFoundError, match="blank"):
+        psc.get_device(" ")
+    monkeypatch.setenv("PYSPMV_CL_TUNE_BUDGET", "-1")
+    with pytest.raises(psc.InvalidParameterError, match="positive seconds"):
+        psc.SpMV(A, device=cpu_device, tune=True)

@@ -126,3 +126,29 @@ def test_version(capsys):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"pyspmv-cl {__version__}"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--json", "/nonexistent/dir/x.json"], "cannot write --json"),
+    (["--repeat", "0"], "--repeat must be at least 1"),
+    (["--min-time", "-1"], "--min-time at least 0"),
+    (["--formats="], "--formats names no format"),
+    (["--dtype="], "--dtype names no dtype"),
+])
+def test_bench_refuses_bad_options_before_running(argv, match, capsys):
+    from pyspmv_cl.cli import main
+
+    assert main(["bench", "--quiet", *argv, "poisson2d:10"]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_tune_exits_non_zero_on_a_complex_matrix(tmp_path, capsys):
+    import scipy.io
+    import scipy.sparse as sp
+
+    from pyspmv_cl.cli import main
+
+    path = tmp_path / "complex.mtx"
+    scipy.io.mmwrite(str(path), sp.random(20, 20, density=0.2, random_state=0) * (1 + 1j))
+    assert main(["tune", "--quiet", str(path)]) == 1
+    assert "complex matrices are not supported" in capsys.readouterr().err

@@ -90,9 +90,11 @@ def default_budget(nnz):
     if os.environ.get(BUDGET_ENV):
         try:
             per_m = float(os.environ[BUDGET_ENV])
+            if not per_m > 0:
+                raise ValueError
         except ValueError:
-            raise InvalidParameterError(f"{BUDGET_ENV} must be seconds per million non-zeros, "
-                             f"not {os.environ[BUDGET_ENV]!r}") from None
+            raise InvalidParameterError(f"{BUDGET_ENV} must be positive seconds per million "
+                                        f"non-zeros, not {os.environ[BUDGET_ENV]!r}") from None
     return max(MIN_BUDGET, per_m * nnz / 1e6)
 
 
