@@ -97,6 +97,18 @@ class KernelSpec:
     fixed_group: bool = False
     group_size: int = None   # a required size of its own, instead of the format's
 
+    def bind(self, values: dict, types: dict) -> tuple:
+        """The arguments in declaration order from ``values`` (by name), scalars cast to
+        their declared types (``types``: see ``scalar_type``); an unknown or missing
+        name is refused."""
+        unknown = set(values) - {a.name for a in self.args}
+        missing = [a.name for a in self.args if a.name not in values]
+        if unknown or missing:
+            raise TypeError(f"kernel {self.name}: no argument(s) {sorted(unknown)}"
+                            if unknown else f"kernel {self.name} needs a value for {missing}")
+        return tuple(values[a.name] if a.is_pointer else
+                     scalar_type(a.ctype, types)(values[a.name]) for a in self.args)
+
     def signature(self, work_group_size: int) -> str:
         head = "__kernel "
         if self.fixed_group:

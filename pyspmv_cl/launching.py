@@ -33,6 +33,11 @@ def enqueue_launch(queue: cl.CommandQueue, kernel: cl.Kernel, global_size: tuple
     return event
 
 
+def in_order(queue: cl.CommandQueue) -> bool:
+    """Whether ``queue`` runs its commands in order (each waits for the one before)."""
+    return not (queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
+
+
 def launch_kernel(queue: cl.CommandQueue, kernel: cl.Kernel, global_size: int,
                   local_size: int, wait_for=None) -> cl.Event:
     """Enqueue a 1-D launch of ``kernel`` (for kernels outside a format, e.g. the

@@ -15,6 +15,7 @@ from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
+from .launching import in_order
 from .tuning.tuner import select
 
 
@@ -112,6 +113,7 @@ class SpMV:
         self.nbytes = self._impl.nbytes
         self._staging = {}
         self._lock = threading.RLock()
+        self._queue_in_order = in_order(self.queue)   # a driver query: once, not per call
         # The pattern, for update_values (references: no copy of the caller's arrays;
         # a matrix given on the device is read back only if update_values needs it).
         self._structure_source = csr
@@ -319,7 +321,7 @@ class SpMV:
         y_buf = self._device_buffer(out, "out")
         if self.shape[0] == 0:
             return out
-        ordered = self._in_order
+        ordered = self._queue_in_order
         x_ordered = ordered and x.queue is self.queue
         out_ordered = ordered and out.queue is self.queue
         wait_for = (([] if x_ordered else list(x.events))
@@ -340,11 +342,6 @@ class SpMV:
         if not x_ordered:
             x.add_event(event)
         return out
-
-    @property
-    def _in_order(self):
-        return not (self.queue.properties
-                    & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
 
     @property
     def _structure(self):
@@ -389,9 +386,8 @@ class SpMV:
 def _not_for_the_chosen_format(params, chosen, why):
     """format="auto" chose a format that does not take a parameter the caller gave:
     name the formats it belongs to."""
-    registry = FORMATS
-    unknown = sorted(set(params) - set(registry[chosen].parameter_names()))
-    owners = {name: [f for f, cls in registry.items() if name in cls.parameter_names()]
+    unknown = sorted(set(params) - set(FORMATS[chosen].parameter_names()))
+    owners = {name: [f for f, cls in FORMATS.items() if name in cls.parameter_names()]
               for name in unknown}
     belongs = "; ".join(f"{name} belongs to {', '.join(fmts) or 'no format'}"
                         for name, fmts in owners.items())

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 import numpy as np
 import pyopencl as cl
 
-from .. import codegen
 from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
 from ..device_inputs import DeviceCSR
 from ..errors import (
@@ -43,7 +42,7 @@ from ..errors import (
     InvalidParameterError,
 )
 from ..features import MatrixFeatures
-from ..launching import enqueue_launch
+from ..launching import enqueue_launch, in_order
 from . import params as P
 from .builder import ProgramSpec, build_program, pow2_floor
 
@@ -219,6 +218,7 @@ class SpMVFormat:
         analysed = time.perf_counter()
         self.kernels = {}
         self._specs = {}
+        self.buffers, self.scratch = {}, {}   # filled after convert (bound by name)
         start = time.perf_counter()
         self._build()
         built = time.perf_counter()
@@ -359,29 +359,38 @@ class SpMVFormat:
         """The arguments of ``step`` in declaration order: the values given by name, else
         the default of each role."""
         spec = self._specs[step.kernel]
-        types = {"real_t": self.dtype, "index_t": self.index_dtype, **self.type_names()}
+        operands = {X: x_buf, Y: y_buf, ALPHA: alpha, BETA: beta}
+        values = {}
+        for arg in spec.args:   # each role's default, unless given by name
+            if arg.role == MATRIX:
+                values[arg.name] = self.buffers.get(step.prefix + arg.name)
+            elif arg.role == SCRATCH:
+                values[arg.name] = self.scratch.get(step.prefix + arg.name)
+            elif arg.role in operands:
+                values[arg.name] = operands[arg.role]
+        values = {k: v for k, v in values.items() if v is not None}
         unknown = set(step.values) - {a.name for a in spec.args}
-        if unknown:
+        if unknown:   # before the defaults hide a misspelt name
             raise TypeError(f"{self.name}: kernel {spec.name} has no argument(s) "
                             f"{sorted(unknown)}")
-        args = []
-        for arg in spec.args:
-            if arg.name in step.values:
-                value = step.values[arg.name]
-                if not arg.is_pointer:
-                    value = codegen.scalar_type(arg.ctype, types)(value)
-            elif arg.role == MATRIX:
-                value = self.buffers[step.prefix + arg.name]
-            elif arg.role == SCRATCH:
-                value = self.scratch[step.prefix + arg.name]
-            elif arg.role in (X, Y, ALPHA, BETA):
-                value = {X: x_buf, Y: y_buf, ALPHA: alpha, BETA: beta}[arg.role]
-            else:
-                raise TypeError(f"{self.name}: kernel {spec.name} needs a value for "
-                                f"{arg.name!r}")
-            args.append(value)
-        return Launch(self.kernels[step.kernel], tuple(args), step.global_size,
-                      step.local_size)
+        args = spec.bind({**values, **step.values}, self.scalar_types())
+        return Launch(self.kernels[step.kernel], args, step.global_size, step.local_size)
+
+    def scalar_types(self) -> dict:
+        """Type names of this operator's kernel arguments -> numpy dtypes."""
+        return {"real_t": self.dtype, "index_t": self.index_dtype, **self.type_names()}
+
+    def run_now(self, queue, steps) -> None:
+        """Run ``steps`` (conversion kernels, every argument given by name) in order on
+        ``queue`` and wait for them: the seam of device-side conversions."""
+        event = None
+        for step in steps:
+            launch = self._bind(step, None, None, None, None)
+            launch.kernel.set_args(*launch.args)
+            event = enqueue_launch(queue, launch.kernel, (launch.global_size,),
+                                   (launch.local_size,),
+                                   wait_for=None if event is None else [event])
+        queue.finish()
 
     def bound_launches(self, x_buf, y_buf, alpha, beta) -> list[Launch]:
         """The launches of one product with every argument bound (``alpha`` and ``beta``
@@ -412,9 +421,7 @@ class SpMVFormat:
                 plan.append((launch.kernel, args, (int(launch.global_size),),
                              (int(launch.local_size),)))
             # On an in-order queue each launch waits for the one before it anyway.
-            in_order = not (queue.properties
-                            & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
-            self._plan, self._plan_in_order = plan, in_order
+            self._plan, self._plan_in_order = plan, in_order(queue)
             self._plan_refs = (x_buf, y_buf)
             self._plan_key = key
         if not self._plan:

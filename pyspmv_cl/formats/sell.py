@@ -25,7 +25,6 @@ import pyopencl.array as cla
 
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
 from ..errors import IndexOverflowError, InvalidParameterError
-from ..launching import enqueue_launch
 from . import params as P
 from .base import (
     INT32_LIMIT,
@@ -347,14 +346,7 @@ class SELL(SpMVFormat):
                 csr_values=csr.as_type("data", self.dtype, queue).base_data,
                 row_base=cla.to_device(queue, row_base).base_data,
                 col_idx_out=col_idx.base_data, values_out=values.base_data))
-        event = None
-        for step in steps:   # in order, on any queue
-            launch = self._bind(step, None, None, None, None)
-            launch.kernel.set_args(*launch.args)
-            event = enqueue_launch(queue, launch.kernel, (launch.global_size,),
-                                   (launch.local_size,),
-                                   wait_for=None if event is None else [event])
-        queue.finish()   # done before any product, whatever the queue's order
+        self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
 
     # -- launching ---------------------------------------------------------------------------

@@ -31,12 +31,6 @@ SCATTER = ProgramSpec("scatter_values.mako", (KernelSpec("scatter_values", (
     matrix("src", "real_t"), scratch("dst", "real_t"))),))
 
 
-def value_arrays(fmt) -> dict:
-    """The format's value arrays: name -> element count (their dtype is the operator's
-    value type; index arrays never are)."""
-    return dict(fmt.value_array_sizes)
-
-
 def host_arrays(fmt, csr, dtype) -> dict:
     """The format's host arrays for ``csr`` with values in ``dtype``, from a shallow
     copy of the format (its ``analyse`` then ``convert``: both host-side), so the
@@ -64,7 +58,7 @@ def _layout(fmt, structure):
         arrays = host_arrays(fmt, probe, pos_dtype)
     except PySpMVError:   # the format refused the probe: no map
         return None
-    expected = value_arrays(fmt)
+    expected = fmt.value_array_sizes
     layout, seen = {}, 0
     for name, size in expected.items():
         arr = arrays.get(name)
@@ -100,7 +94,7 @@ class ValueUpdater:
             self.nbytes += 2 * slots.size * idx.itemsize
         kernels, _ = build_program(fmt.device, SCATTER, dtype=fmt.dtype, index_dtype=idx,
                                    work_group_size=WORK_GROUP_SIZE)
-        self.kernel = kernels["scatter_values"]
+        self.kernel = kernels["scatter_values"]   # this updater's own kernel object
 
     def update(self, queue, data) -> None:
         """Write ``data`` (CSR order, already checked) into the format's value arrays;
@@ -113,19 +107,24 @@ class ValueUpdater:
             csr.data, csr.indices, csr.indptr = data, indices, indptr
             arrays = host_arrays(fmt, csr, fmt.dtype)
             events = [cl.enqueue_copy(queue, fmt.buffers[name], arrays[name],
-                                      is_blocking=False) for name in value_arrays(fmt)]
+                                      is_blocking=False) for name in fmt.value_array_sizes]
             cl.wait_for_events(events)
             return
         src = upload(fmt.device.context, data)
+        spec, types = SCATTER.kernels[0], fmt.scalar_types()
         events = []
         for name, (count, slots, sources) in self.device_layout.items():
             if not count:
                 continue
-            self.kernel.set_args(np.uint64(count), slots, sources, src, fmt.buffers[name])
+            # Arguments are captured at each enqueue: the one kernel object serves all.
+            self.kernel.set_args(*spec.bind({"count": count, "slots": slots,
+                                             "sources": sources, "src": src,
+                                             "dst": fmt.buffers[name]}, types))
             groups = -(-count // WORK_GROUP_SIZE)
             events.append(cl.enqueue_nd_range_kernel(
                 queue, self.kernel, (groups * WORK_GROUP_SIZE,), (WORK_GROUP_SIZE,)))
-            cl.wait_for_events(events[-1:])   # the kernel object is reused
+        if events:
+            cl.wait_for_events(events)
         src.release()
 
 
