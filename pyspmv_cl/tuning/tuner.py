@@ -204,6 +204,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     ``alternatives=False`` skips the second (other parameter sets); ``include``
     lists (format, params) timed in the first pass whatever their rank."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
+
+    def stopped():
+        return should_stop is not None and should_stop()
+
     registry = dict(FORMATS if registry is None else registry)
     user_params = dict(user_params or {})
     profile = device.profile
@@ -213,8 +217,9 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
                                      csr=csr)
     first = [(name, p[0]) for name, p in order[:max_formats]]
+    included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
-                if name not in {n for n, _ in include}]
+                if name not in included]
     first += [(name, dict(params)) for name, params in include
               if (name, dict(params)) not in first and name in registry]
     bench = _Bench(csr, device, dtype, queue)
@@ -258,7 +263,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         del finalists[keep:]   # frees the others' device buffers
 
     def within_budget():   # for building and timing candidates; the rest re-times
-        if should_stop is not None and should_stop():
+        if stopped():
             return False
         elapsed = time.perf_counter() - start
         predicted = statistics.median(costs) if costs else 0.0
@@ -298,7 +303,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         rounds, round_cost = 0, 0.0
         while rounds == 0 or (rounds < MAX_CONFIRM_ROUNDS
                               and time.perf_counter() - start + round_cost <= budget
-                              and not (should_stop is not None and should_stop())):
+                              and not stopped()):
             t0 = time.perf_counter()
             for samples, (_, _rec, impl, _first) in zip(confirm, finalists):
                 samples += bench.time(impl, None, min_samples=3, max_samples=3, min_time=0,
@@ -404,11 +409,9 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
         if user_params:
             fp["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
         key = database.entry_key(profile, fp, np.dtype(dtype).name)
-    if key is None:
-        pass
-    elif mode == "force":
+    if key is not None and mode == "force":
         database.forget(key)
-    else:
+    elif key is not None:
         entry = database.load(key)
         chosen = entry and _pick(entry, expected_calls, FORMATS)
         if chosen and not _usable(chosen, features, profile, dtype, user_params,
@@ -438,12 +441,16 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
     entry, impl, chosen = measure(csr, features, device, dtype, user_params, budget=budget,
                                   expected_calls=expected_calls, progress=progress)
     if chosen is None:   # nothing could be measured: the rules, and nothing stored
-        why = "; ".join(f"{n} ({w})" for n, w in entry["skipped"])
         rule_format, rule_why = rules()
-        return Decision(rule_format, {}, f"rules (no candidate could be measured: {why}): "
+        return Decision(rule_format, {}, "rules (no candidate could be measured: "
+                        f"{_skipped_text(entry)}): "
                         f"{rule_why}", "model", tuning_seconds=time.perf_counter() - t0)
     return _store_decision(key, fp, entry, impl, chosen, expected_calls, "measured",
                            time.perf_counter() - t0)
+
+
+def _skipped_text(entry):
+    return "; ".join(f"{name} ({why})" for name, why in entry["skipped"])
 
 
 def _store_decision(key, fp, entry, impl, chosen, expected_calls, source, seconds):
@@ -486,15 +493,14 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
         # A queue of its own: the caller's products go on while candidates are timed.
         queue = cl.CommandQueue(device.context, device.cl_device,
                                 properties=cl.command_queue_properties.PROFILING_ENABLE)
-        entry, impl, chosen = measure(snapshot, features.with_diagonals(snapshot), device,
-                                      dtype, user_params, budget=budget,
+        entry, impl, chosen = measure(snapshot, features, device, dtype, user_params,
+                                      budget=budget,
                                       should_stop=should_stop, queue=queue,
                                       max_formats=online.ONLINE_MAX_FORMATS,
                                       alternatives=False, include=[start])
         queue.finish()
         if chosen is None:
-            raise RuntimeError("no candidate could be measured: " + "; ".join(
-                f"{n} ({w})" for n, w in entry["skipped"]))
+            raise RuntimeError(f"no candidate could be measured: {_skipped_text(entry)}")
         return _store_decision(key, fp, entry, impl, chosen, None, "online",
                                entry["tuning_seconds"])
 
