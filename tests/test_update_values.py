@@ -111,3 +111,20 @@ def test_update_values_uses_the_device_map(fmt, device, rng):
         pytest.skip(f"{fmt} refuses this matrix")
     op.update_values(A.data)
     assert op._updater.layout is not None
+
+
+def test_update_values_without_a_map_reconverts_the_values(device, rng, monkeypatch):
+    """The fallback for a format whose conversion would merge or drop entries (no map):
+    its host conversion of the values, still right."""
+    from pyspmv_cl.formats import values
+
+    monkeypatch.setattr(values, "_layout", lambda fmt, structure: None)
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    op = psc.SpMV(A, format="sell", dtype=np.float64, device=device)
+    for _ in range(2):
+        data = rng.standard_normal(A.nnz)
+        op.update_values(data)
+        assert op._updater.layout is None
+        B = with_values(A, data)
+        x = rng.standard_normal(A.shape[1])
+        assert_close(op @ x, reference(B, x), B, x, np.float64)
