@@ -32,16 +32,13 @@ class DeviceCSR:
     def context(self):
         return self.data.context
 
-    def copy_as(self, name: str, dtype, queue) -> cla.Array:
-        """A copy of one of the arrays in ``dtype``, made on the device."""
+    def as_type(self, name: str, dtype, queue, copy: bool = False) -> cla.Array:
+        """One of the arrays in ``dtype``: itself when it has it and ``copy`` is false
+        (to read it only), else a copy cast on the device (to keep it)."""
         arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
-        return arr.astype(np.dtype(dtype), queue=queue)
-
-    def as_type(self, name: str, dtype, queue) -> cla.Array:
-        """One of the arrays in ``dtype``: itself when it has it (for reading only),
-        else a cast copy made on the device."""
-        arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
-        return arr if arr.dtype == np.dtype(dtype) else arr.astype(np.dtype(dtype), queue=queue)
+        if arr.dtype == np.dtype(dtype) and not copy:
+            return arr
+        return arr.astype(np.dtype(dtype), queue=queue)   # astype always copies
 
     @classmethod
     def upload(cls, csr, queue, index_dtype, dtype) -> DeviceCSR:

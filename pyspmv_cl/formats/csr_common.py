@@ -26,8 +26,8 @@ class CSRFormatBase(SpMVFormat):
 
     def convert_device(self, csr):
         queue = self.device.queue
-        arrays = {"row_ptr": csr.copy_as("indptr", self.index_dtype, queue),
-                  "col_idx": csr.copy_as("indices", self.index_dtype, queue),
-                  "values": csr.copy_as("data", self.dtype, queue)}
+        arrays = {"row_ptr": csr.as_type("indptr", self.index_dtype, queue, copy=True),
+                  "col_idx": csr.as_type("indices", self.index_dtype, queue, copy=True),
+                  "values": csr.as_type("data", self.dtype, queue, copy=True)}
         queue.finish()   # ordered before any product, whatever the queue's order
         return arrays
