@@ -94,14 +94,27 @@ def check_allocations(profile, sizes: dict, extra_bytes: int = 0) -> None:
             f"{format_bytes(profile.global_mem_size)} of {profile.name}")
 
 
-def upload(context, array: np.ndarray) -> cl.Buffer:
-    """A read-only device buffer holding ``array`` (one element of padding when empty:
-    OpenCL has no zero-size buffers)."""
-    array = np.ascontiguousarray(array)
-    if array.size == 0:
-        array = np.zeros(1, dtype=array.dtype)
-    return cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                     hostbuf=array)
+def upload_all(queue, arrays: dict) -> dict:
+    """Read-only device buffers holding ``arrays`` (name -> numpy array), on the device
+    when this returns.  Buffers are created empty and filled by ``enqueue_copy``: with
+    ``COPY_HOST_PTR`` NVIDIA's driver stages the data and copies it again at first use
+    (2-3x the transfer time).  An empty array gets one element of padding: OpenCL has
+    no zero-size buffers."""
+    buffers, events = {}, []
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        buf = cl.Buffer(queue.context, cl.mem_flags.READ_ONLY, max(1, array.nbytes))
+        if array.size:   # the event keeps the host array alive until the copy is done
+            events.append(cl.enqueue_copy(queue, buf, array, is_blocking=False))
+        buffers[name] = buf
+    if events:
+        cl.wait_for_events(events)
+    return buffers
+
+
+def upload(queue, array: np.ndarray) -> cl.Buffer:
+    """One read-only device buffer holding ``array`` (see :func:`upload_all`)."""
+    return upload_all(queue, {"array": array})["array"]
 
 
 def _buffer_of(arr, context) -> cl.Buffer:
@@ -240,8 +253,7 @@ class SpMVFormat:
             self.buffers = {name: _buffer_of(arr, device.context)
                             for name, arr in host_arrays.items()}
         else:
-            self.buffers = {name: upload(device.context, arr)
-                            for name, arr in host_arrays.items()}
+            self.buffers = upload_all(device.queue, host_arrays)
         self.scratch = {name: cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(1, n))
                         for name, n in scratch.items()}
         #: Seconds spent analysing, converting, checking, uploading and allocating (the

@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from ..codegen import KernelSpec, matrix, scalar, scratch
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
-from .base import upload
+from .base import upload, upload_all
 from .builder import ProgramSpec, build_program
 
 WORK_GROUP_SIZE = 64
@@ -85,11 +85,11 @@ class ValueUpdater:
         self.nbytes = 0
         if self.layout is None:
             return
-        ctx, idx = fmt.device.context, fmt.index_dtype
+        queue, idx = fmt.device.queue, fmt.index_dtype
         self.device_layout = {}
         for name, (slots, sources) in self.layout.items():
-            slots_buf = upload(ctx, slots.astype(idx))
-            sources_buf = upload(ctx, sources.astype(idx))
+            slots_buf, sources_buf = upload_all(
+                queue, {"slots": slots.astype(idx), "sources": sources.astype(idx)}).values()
             self.device_layout[name] = (slots.size, slots_buf, sources_buf)
             self.nbytes += 2 * slots.size * idx.itemsize
         kernels, _ = build_program(fmt.device, SCATTER, dtype=fmt.dtype, index_dtype=idx,
@@ -110,7 +110,7 @@ class ValueUpdater:
                                       is_blocking=False) for name in fmt.value_array_sizes]
             cl.wait_for_events(events)
             return
-        src = upload(fmt.device.context, data)
+        src = upload(queue, data)
         spec, types = SCATTER.kernels[0], fmt.scalar_types()
         events = []
         for name, (count, slots, sources) in self.device_layout.items():
