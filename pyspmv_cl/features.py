@@ -95,7 +95,7 @@ def bandwidth(csr):
     return int(np.abs(csr.indices.astype(np.int64) - rows).max())
 
 
-def _structure_digest(csr):
+def structure_digest(csr):
     """SHA-256 of the sparsity structure (indptr, indices), independent of the integer
     types the caller used (int32 when the values fit, else int64)."""
     h = hashlib.sha256()
@@ -110,10 +110,18 @@ def _structure_digest(csr):
     return h.hexdigest()
 
 
-def fingerprint(csr, features=None):
-    """A JSON-able identity of the matrix structure: shape, nnz, row-length statistics
-    and a hash of indptr/indices (values do not change the best format)."""
-    f = features or MatrixFeatures.from_csr(csr)
+def shape_fingerprint(features):
+    """The fingerprint's cheap part (no pass over the indices): shape, nnz and row-length
+    statistics.  The tuning database files entries under it, so a matrix it cannot hold
+    is known without hashing (:func:`fingerprint`'s hash is the costly part)."""
+    f = features
     return {"shape": [f.n_rows, f.n_cols], "nnz": f.nnz, "max_row": f.max_row_length,
             "mean_row": round(f.mean_row_length, 6), "std_row": round(f.std_row_length, 6),
-            "empty_rows": f.empty_rows, "structure_sha256": _structure_digest(csr)}
+            "empty_rows": f.empty_rows}
+
+
+def fingerprint(csr, features=None):
+    """A JSON-able identity of the matrix structure: :func:`shape_fingerprint` and a
+    hash of indptr/indices (values do not change the best format)."""
+    f = features or MatrixFeatures.from_csr(csr)
+    return {**shape_fingerprint(f), "structure_sha256": structure_digest(csr)}

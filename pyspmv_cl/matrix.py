@@ -206,17 +206,24 @@ class SpMV:
         """Switch to the online tuner's winner once it is ready (here, in the caller's
         thread, between two products: no implementation is used by two threads)."""
         tuning = self._online
-        if tuning.state in ("waiting", "running"):
+        if tuning.state == "waiting":
             return
-        impl = tuning.take()
-        if impl is not None:
+        done = tuning.state != "running"   # read first: take() then sees the final state
+        taken = tuning.take()
+        if taken is not None:
+            fmt, impl = taken
             if tuning.values_version != self._values_version:
                 # Values updated after the snapshot the candidates were built from.
                 ValueUpdater(impl, self._structure).update(self.queue, self._latest_values)
             self._impl = impl
-            self.format = tuning.decision.format
+            self.format = fmt
             self.nbytes = impl.nbytes
             self._updater = None
+            if not done:
+                self.explanation += (f"; switched to {fmt} after {tuning.calls} products, "
+                                     "still measuring")
+        if not done:
+            return
         if tuning.state == "done":
             self.explanation = tuning.decision.explanation
         elif tuning.state == "failed":

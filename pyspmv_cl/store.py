@@ -174,6 +174,25 @@ class JsonStore:
         self._count("writes")
         return path
 
+    def has_prefix(self, prefix):
+        """Whether an entry whose key starts with ``prefix`` may exist (in memory, or a
+        file in the prefix's directory; an unreadable directory counts as may)."""
+        root = self._root()
+        where = self._mem_key(root, "")[0]
+        with self._lock:
+            if any(r == where and k.startswith(prefix) for r, k in self._memory):
+                return True
+        if root is None:
+            return False
+        try:
+            with os.scandir(self.path(root, prefix).parent) as entries:
+                return any(e.name.startswith(prefix) and e.name.endswith(".json")
+                           for e in entries)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+
     def forget(self, key):
         """Drop ``key`` from the memory layer (the file, if any, stays)."""
         with self._lock:

@@ -3,6 +3,8 @@ once, measures in a background thread, switches between two products, stores the
 decision; results are right before, during and after the switch, on host and device
 vectors and on a user's queue, and values updated during the tuning reach the winner."""
 
+import threading
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -122,3 +124,107 @@ def test_policies():
     assert op.tuning is None and op.finish_tuning() == "none"
     with pytest.raises(ValueError, match="online"):
         psc.SpMV(A, device=device, tune="sometimes")
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_structure_hashed_only_when_the_database_may_hold_it(device, rng, monkeypatch):
+    """Setup on a new matrix reads no index twice: the structure hash waits for the
+    background measurement (which stores under it); a database holding an entry of the
+    same shape makes the next operator hash and find it; a same-shape matrix of another
+    structure is hashed, not found, and measured anew."""
+    from pyspmv_cl.tuning import tuner
+
+    calls = []
+    real = tuner.structure_digest
+    monkeypatch.setattr(tuner, "structure_digest",
+                        lambda csr: calls.append(threading.current_thread().name)
+                        or real(csr))
+    A = matrix()
+    op = psc.SpMV(A, device=device)
+    assert calls == []           # nothing hashed before the first product
+    start_now(op)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert op.finish_tuning() == "done", op.tuning.online.error
+    assert calls == ["pyspmv_cl-online-tuning"]   # hashed in the background, to store
+    again = psc.SpMV(A, device=device)
+    assert again.tuning.source == "database" and calls[1:] == ["MainThread"]
+    other = A.copy()
+    other.indices = other.indices[::-1].copy()  # same shape and row lengths, new columns
+    other.has_sorted_indices = False
+    third = psc.SpMV(other, device=device)
+    assert third.tuning.source == "online" and len(calls) == 3
+    assert_close(third @ x, reference(other, x), other, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_measure_hands_over_a_faster_candidate_and_never_touches_it_again(device,
+                                                                        monkeypatch):
+    """``offer``: a first-pass candidate faster than the included start by the margin is
+    handed over at once; it is left out of the re-timed finalists (the caller owns it),
+    and the winner returned is None when it is the handed-over one."""
+    from pyspmv_cl.tuning import tuner
+
+    A = matrix()
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    timed = []
+
+    def fake_time(self, impl, best=None, **kw):   # csr-scalar slow, every other fast
+        timed.append(impl)
+        return [2e-3 if type(impl).name == "csr-scalar" else 1e-3]
+
+    monkeypatch.setattr(tuner._Bench, "time", fake_time)
+    handed = []
+    entry, impl, chosen = tuner.measure(
+        A, features, device, DTYPE, budget=30, max_formats=2, alternatives=False,
+        include=[("csr-scalar", {})],
+        offer=lambda fmt, params, built: handed.append((fmt, params, built)) or True)
+    assert entry["candidates"][0]["format"] == "csr-scalar"   # the start, timed first
+    assert len(handed) == 1 and handed[0][0] != "csr-scalar"
+    assert sum(c.get("handed_over", False) for c in entry["candidates"]) == 1
+    assert timed.count(handed[0][2]) == 1   # timed once, before the hand-over; never after
+    if chosen.get("handed_over"):
+        assert impl is None
+    else:
+        assert impl is not None and impl is not handed[0][2]
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rng):
+    """The operator takes a handed-over candidate at its next product while the
+    measurement still runs, then the final winner; results are right at each stage."""
+    from pyspmv_cl.formats import FORMATS
+    from pyspmv_cl.formats.base import instantiate
+    from pyspmv_cl.tuning import tuner
+
+    A = matrix()
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+
+    def built(name):
+        cls = FORMATS[name]
+        return instantiate(cls, A, device, DTYPE,
+                           cls.resolve_params(features, device.profile, DTYPE, {}))
+
+    offered, release = threading.Event(), threading.Event()
+
+    def fake_measurement(snapshot, should_stop, offer):
+        assert offer("sell", {}, built("sell"))
+        offered.set()
+        release.wait(60)
+        return tuner.Decision("ell", {}, "fake final", "online", impl=built("ell"))
+
+    op = psc.SpMV(A, device=device)
+    tuning = op.tuning.online
+    tuning._run_measurement = fake_measurement
+    start_now(op)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)   # starts the measurement
+    assert offered.wait(60) and tuning.state == "running"
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert op.format == "sell" and "switched to sell" in op.explanation
+    release.set()
+    assert op.finish_tuning(60) == "done"
+    assert op.format == "ell" and op.explanation == "fake final"
+    assert [fmt for _, fmt in tuning.switches] == ["sell", "ell"]
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)

@@ -51,13 +51,33 @@ def format_set():
     return sorted(FORMATS)
 
 
-def entry_key(profile, fingerprint, dtype):
+def _digest(parts):
     h = hashlib.sha256()
-    for part in (*device_identity(profile), json.dumps(fingerprint, sort_keys=True),
-                 str(dtype), str(SCHEMA)):
+    for part in parts:
         h.update(part.encode("utf-8"))
         h.update(b"\x1f")
     return h.hexdigest()
+
+
+def prefix_key(profile, fingerprint, dtype):
+    """The first part of an entry's key: device, dtype and the fingerprint without its
+    structure hash.  Entries sharing it lie side by side (see :func:`may_hold`)."""
+    cheap = {k: v for k, v in fingerprint.items() if k != "structure_sha256"}
+    return _digest([*device_identity(profile), json.dumps(cheap, sort_keys=True),
+                    str(dtype), str(SCHEMA)])[:16]
+
+
+def entry_key(profile, fingerprint, dtype):
+    """``<prefix>-<hash of everything>``: the key of one (device, matrix, dtype)."""
+    full = _digest([*device_identity(profile), json.dumps(fingerprint, sort_keys=True),
+                    str(dtype), str(SCHEMA)])
+    return f"{prefix_key(profile, fingerprint, dtype)}-{full}"
+
+
+def may_hold(prefix):
+    """False when no entry's key starts with ``prefix``: the database then cannot hold
+    the matrix, and its structure need not be hashed to look it up."""
+    return _store.has_prefix(prefix + "-")
 
 
 def _valid(entry, key):

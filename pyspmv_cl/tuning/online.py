@@ -10,6 +10,9 @@ background thread snapshots the matrix from the device, runs the measuring tuner
 (``tuner.measure``) on the device's profiling queue within a budget, and stores the
 decision in the tuning database.  The operator switches to the winner at the start of
 its next product (in the caller's thread: no implementation is ever used by two threads).
+A candidate that already beats the start format by a margin is handed over as soon as
+it is timed (``offer``), before the others are measured; the final winner, if another,
+follows.
 
 Each format is deterministic; after a switch results may differ from the start
 format's in the last bits (another summation order), never in anything else.
@@ -72,7 +75,8 @@ class OnlineTuning:
     switched (None if it kept its start format)."""
 
     def __init__(self, run_measurement, *, budget, trigger, start):
-        # run_measurement(csr, should_stop) -> Decision (impl=the winner, built), or raises
+        # run_measurement(csr, should_stop, offer) -> Decision (impl=the winner, built,
+        # None when it was handed over by offer), or raises
         self._run_measurement = run_measurement
         self.budget, self.trigger = float(budget), int(trigger)
         self.start = start            # (format, params) the operator starts on
@@ -80,6 +84,9 @@ class OnlineTuning:
         self.calls = 0
         self.started = self.finished = None
         self.switched_at_call = None
+        self.switches = []   # (product count, format) of each switch the operator made
+        self._interim = None   # (format, params, impl) handed over, not yet taken
+        self._taken = None     # (format, params) of the last one the operator took
         self.error = None
         self.decision = None       # the final Decision (impl taken by the operator)
         self.values_version = None   # the operator's values when the snapshot was taken
@@ -107,14 +114,31 @@ class OnlineTuning:
             self._thread.start()
 
     def take(self):
-        """The winner's implementation when it is ready and differs from the start
-        format's, else None; hands it over once."""
+        """``(format, impl)`` to switch to now, or None: a candidate handed over while
+        the measurement runs, or the final winner once done; each handed over once."""
         with self._lock:
-            if self.state != "done" or self.decision is None or self.decision.impl is None:
+            if self._interim is not None:
+                fmt, params, impl = self._interim
+                self._interim = None
+            elif self.state == "done" and self.decision is not None \
+                    and self.decision.impl is not None:
+                fmt, params, impl = (self.decision.format, self.decision.params,
+                                     self.decision.impl)
+                self.decision.impl = None
+            else:
                 return None
-            impl, self.decision.impl = self.decision.impl, None
+            self._taken = (fmt, dict(params))
             self.switched_at_call = self.calls
-            return impl
+            self.switches.append((self.calls, fmt))
+            return fmt, impl
+
+    def _offer(self, fmt, params, impl) -> bool:
+        """From the measurement: hand ``impl`` over now (replacing one not yet taken)."""
+        with self._lock:
+            if self._stop or self.state != "running":
+                return False
+            self._interim = (fmt, dict(params), impl)
+            return True
 
     def wait(self, timeout=None) -> bool:
         """Wait for a running measurement; True when none is running any more."""
@@ -138,10 +162,16 @@ class OnlineTuning:
             indptr, indices, data = arrays
             csr = sp.csr_matrix(shape, dtype=data.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
-            decision = self._run_measurement(csr, lambda: self._stop)
-            if (decision.format, decision.params) == tuple(self.start):
-                decision.impl = None    # the start format won: nothing to switch to
+            decision = self._run_measurement(csr, lambda: self._stop, self._offer)
             with self._lock:
+                chosen = (decision.format, dict(decision.params))
+                if self._interim is not None:   # handed over, not taken: final or dropped
+                    if (self._interim[0], self._interim[1]) == chosen:
+                        decision.impl = self._interim[2]
+                    self._interim = None
+                current = self._taken or (self.start[0], dict(self.start[1]))
+                if chosen == current:
+                    decision.impl = None    # the operator runs the winner already
                 self.decision, self.state = decision, "done"
         except Exception as exc:  # the operator keeps its start format
             with self._lock:

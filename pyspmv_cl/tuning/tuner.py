@@ -37,7 +37,7 @@ import pyopencl as cl
 from .. import store
 from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
-from ..features import bandwidth, fingerprint, row_length_histogram
+from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
 from ..formats import FORMATS
 from ..formats.base import instantiate
 from ..launching import launches_seconds
@@ -56,6 +56,7 @@ ALT_PARAMS = 3              # alternatives per format
 FINALISTS = 3               # re-timed in alternation at the end (load changes hit all alike)
 CONFIRM_SHARE = 0.3         # of the budget kept for re-timing the finalists:
 MAX_CONFIRM_ROUNDS = 12     # one round at least, then more while the budget lasts
+OFFER_MARGIN = 0.95         # online: hand a candidate over early when this much faster
 PAYBACK = 0.25              # expected gain of measuring over the rules (share of kernel time)
 
 _POLICIES = {None: "auto", "auto": "auto", True: "measure", "measure": "measure",
@@ -194,7 +195,7 @@ def _score(c, expected_calls):
 
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             expected_calls=None, registry=None, progress=None, should_stop=None,
-            queue=None, max_formats=None, alternatives=True, include=()):
+            queue=None, max_formats=None, alternatives=True, include=(), offer=None):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step;
@@ -202,7 +203,14 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     on a queue of the caller's instead of the device's profiling queue;
     ``max_formats`` (default ``MAX_FORMATS``) bounds the first pass and
     ``alternatives=False`` skips the second (other parameter sets); ``include``
-    lists (format, params) timed in the first pass whatever their rank."""
+    lists (format, params) timed first in the first pass whatever their rank.
+
+    ``offer(format, params, impl)`` (online tuning) is called when a first-pass
+    candidate beats the first ``include``d one by ``OFFER_MARGIN``; when it returns True
+    the implementation is handed over (used by the caller from then on) and this
+    measurement never touches it again: it keeps its first-pass time and is not among
+    the re-timed finalists.  Candidates that convert on the device are then timed
+    first, so that a gain comes early."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -220,8 +228,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
                 if name not in included]
-    first += [(name, dict(params)) for name, params in include
-              if (name, dict(params)) not in first and name in registry]
+    include = [(name, dict(params)) for name, params in include if name in registry]
+    if offer is not None:   # stable: the model's order among each kind
+        first.sort(key=lambda c: not registry[c[0]].converts_on_device)
+    first = include + [c for c in first if c not in include]
     bench = _Bench(csr, device, dtype, queue)
     start = time.perf_counter()
     results = []
@@ -258,6 +268,14 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
                "resolved": {k: v for k, v in impl.params.items()
                             if isinstance(v, (int, float, str, bool, type(None)))}}
         results.append(rec)
+        if offer is not None and not alternative:
+            baseline = next((r for r in results if (r["format"], r["params"]) ==
+                             (include[0][0], _plain(include[0][1]))), None) if include else None
+            best = min(results, key=lambda r: r["kernel_seconds"])
+            if baseline is not None and best is rec and rec["kernel_seconds"] < \
+                    OFFER_MARGIN * baseline["kernel_seconds"] and offer(name, params, impl):
+                rec["handed_over"] = True
+                return
         finalists.append((_score(rec, expected_calls), rec, impl, samples))
         finalists.sort(key=lambda f: f[0])
         del finalists[keep:]   # frees the others' device buffers
@@ -398,17 +416,26 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
         return Decision(rule_format, {}, f"{why}: {rule_why}", "model")
 
     t0 = time.perf_counter()
-    if isinstance(csr, DeviceCSR):
-        # No fingerprint without reading the matrix back: no database lookup; a
-        # measurement made now reads it back once, an online one snapshots it anyway.
-        key = fp = None
-        if mode in ("measure", "force") or (mode == "auto" and expected_calls):
-            csr = csr.to_host(device.queue)
-    else:
-        fp = fingerprint(csr, features)
-        if user_params:
-            fp["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
-        key = database.entry_key(profile, fp, np.dtype(dtype).name)
+    # The structure hash (a pass over the indices) only where it is used: to look a
+    # matrix up when the database holds entries of its shape, or to store a decision
+    # (an online measurement hashes its own snapshot, in the background).
+    cheap = shape_fingerprint(features)
+    if user_params:
+        cheap["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
+    dtype_name = np.dtype(dtype).name
+
+    def identify(matrix):
+        fp = {**cheap, "structure_sha256": structure_digest(matrix)}
+        return database.entry_key(profile, fp, dtype_name), fp
+
+    key = fp = None
+    held = database.may_hold(database.prefix_key(profile, cheap, dtype_name))
+    measuring_now = mode in ("measure", "force") or (mode == "auto" and expected_calls)
+    if isinstance(csr, DeviceCSR) and (held or measuring_now):
+        # Read back once: the lookup or a measurement made now needs the host arrays.
+        csr = csr.to_host(device.queue)
+    if held:
+        key, fp = identify(csr)
     if key is not None and mode == "force":
         database.forget(key)
     elif key is not None:
@@ -436,8 +463,10 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
             mode = "online"
     if mode == "online":
         return _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0, identify)
 
+    if key is None:
+        key, fp = identify(csr)
     entry, impl, chosen = measure(csr, features, device, dtype, user_params, budget=budget,
                                   expected_calls=expected_calls, progress=progress)
     if chosen is None:   # nothing could be measured: the rules, and nothing stored
@@ -481,7 +510,8 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
     return True
 
 
-def _online_decision(csr, features, device, dtype, user_params, key, fp, budget, spent):
+def _online_decision(csr, features, device, dtype, user_params, key, fp, budget, spent,
+                     identify):
     """Start on a CSR kernel and measure in the background (tuning/online.py)."""
     profile = device.profile
     budget = online.online_budget(features.nnz) if budget is None else float(budget)
@@ -489,7 +519,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
     start = (start_format, start_params)   # timed too: a switch must be a gain
     trigger = online.trigger_calls(features, profile, dtype, budget)
 
-    def run_measurement(snapshot, should_stop):
+    def run_measurement(snapshot, should_stop, offer):
         # A queue of its own: the caller's products go on while candidates are timed.
         queue = cl.CommandQueue(device.context, device.cl_device,
                                 properties=cl.command_queue_properties.PROFILING_ENABLE)
@@ -497,11 +527,13 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                       budget=budget,
                                       should_stop=should_stop, queue=queue,
                                       max_formats=online.ONLINE_MAX_FORMATS,
-                                      alternatives=False, include=[start])
+                                      alternatives=False, include=[start],
+                                      offer=offer)
         queue.finish()
         if chosen is None:
             raise RuntimeError(f"no candidate could be measured: {_skipped_text(entry)}")
-        return _store_decision(key, fp, entry, impl, chosen, None, "online",
+        stored_key, stored_fp = (key, fp) if key is not None else identify(snapshot)
+        return _store_decision(stored_key, stored_fp, entry, impl, chosen, None, "online",
                                entry["tuning_seconds"])
 
     tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
