@@ -31,24 +31,75 @@ DTYPES = [np.float32, np.float64]
 POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.float64): np.nan}
 
 
-# The per-format parameter sweeps (tests/test_format_*.py) run on the first device of
-# each type (one CPU, one GPU, ...), the generic tests (every format on every edge case,
-# real matrices, API) on every device: two PoCL builds of the same CPU would otherwise
-# double the compile-bound sweeps.  PYSPMV_CL_SWEEP_ALL_DEVICES=1 sweeps on all of them.
-SWEEP_DEVICES = DEVICES if os.environ.get("PYSPMV_CL_SWEEP_ALL_DEVICES") == "1" else [
-    d for i, d in enumerate(DEVICES)
-    if d.profile.device_type not in {e.profile.device_type for e in DEVICES[:i]}]
+# Two test runs (README "Tests"): the default one, and the exhaustive sweeps behind
+# ``--exhaustive`` (or PYSPMV_CL_EXHAUSTIVE=1); ``--only-exhaustive`` runs just what the
+# default run leaves out (.ci/run runs both, so nothing runs twice).
+#  - The per-format parameter sweeps (tests/test_format_*.py) run on the first device of
+#    each type (one CPU, one GPU, ...): two PoCL builds of the same CPU would otherwise
+#    double the compile-bound sweeps.  PYSPMV_CL_SWEEP_ALL_DEVICES=1 sweeps on all.
+#  - The generic tests (every format on every edge case, real matrices, API) run on
+#    those devices by default and on every other device with --exhaustive.
+#  - Tests marked ``exhaustive`` run with --exhaustive only; ``quick_only`` ones (a
+#    quick version of an exhaustive test) by default only.
+FIRST_OF_EACH_TYPE = [d for i, d in enumerate(DEVICES)
+                      if d.profile.device_type not in {e.profile.device_type
+                                                       for e in DEVICES[:i]}]
+SWEEP_DEVICES = DEVICES if os.environ.get("PYSPMV_CL_SWEEP_ALL_DEVICES") == "1" \
+    else FIRST_OF_EACH_TYPE
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("pyspmv_cl")
+    group.addoption("--exhaustive", action="store_true",
+                    default=os.environ.get("PYSPMV_CL_EXHAUSTIVE", "") not in ("", "0"),
+                    help="also run the exhaustive sweeps (every device, every variant)")
+    group.addoption("--only-exhaustive", action="store_true",
+                    help="run only what the default run leaves out")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exhaustive: runs with --exhaustive only")
+    config.addinivalue_line("markers", "quick_only: a quick version of an exhaustive "
+                            "test, left out with --exhaustive")
+
+
+def _mode(config):
+    if config.getoption("only_exhaustive"):
+        return "only-exhaustive"
+    return "exhaustive" if config.getoption("exhaustive") else "default"
+
+
+def pytest_collection_modifyitems(config, items):
+    mode = _mode(config)
+    keep, drop = [], []
+    for item in items:
+        exhaustive = item.get_closest_marker("exhaustive") is not None
+        quick_only = item.get_closest_marker("quick_only") is not None
+        run = {"default": not exhaustive,
+               "exhaustive": not quick_only,
+               "only-exhaustive": exhaustive}[mode]
+        (keep if run else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_header(config):
+    return (f"pyspmv_cl tests: {_mode(config)} run on {len(DEVICES)} device(s) "
+            "(--exhaustive: every device and every Oclgrind variant)")
 
 
 def pytest_generate_tests(metafunc):
-    """Parametrise the ``device`` fixture (see SWEEP_DEVICES for which devices)."""
+    """Parametrise the ``device`` fixture (see the notes above for which devices)."""
     if "device" not in metafunc.fixturenames or any(
             "device" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")):
         return      # a test that picks its own devices
     sweep = metafunc.module.__name__.rpartition(".")[2].startswith("test_format_")
     devices = SWEEP_DEVICES if sweep else DEVICES
-    ids = [DEVICE_IDS[DEVICES.index(d)] for d in devices]
-    metafunc.parametrize("device", devices or [None], ids=ids or ["no-device"],
+    params = [pytest.param(d, id=DEVICE_IDS[DEVICES.index(d)],
+                           marks=() if d in FIRST_OF_EACH_TYPE or sweep
+                           else pytest.mark.exhaustive) for d in devices]
+    metafunc.parametrize("device", params or [pytest.param(None, id="no-device")],
                          indirect=True)
 
 

@@ -125,6 +125,8 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="float32,float64",
                         help="the sweep's variants run in the first one only")
     parser.add_argument("--device", default=None, help="pyspmv_cl device selection")
+    parser.add_argument("--quick", action="store_true",
+                        help="each format's defaults and profiles, not its own sweep")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # keep stderr for Oclgrind's reports
     started = time.perf_counter()
@@ -139,6 +141,8 @@ def main(argv=None):
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes in variants(name):
+            if args.quick and not all_dtypes:
+                continue   # a sweep entry
             dev = device.override(**override) if override else device
             for dtype in dtypes if all_dtypes else dtypes[:1]:
                 if dtype == np.float64 and not dev.profile.fp64:

@@ -184,8 +184,14 @@ def test_stale_shadow_false_positive(tmp_path):
 # ------------------------------------------------------------------ the pass itself
 
 
-def test_all_formats_clean_under_oclgrind():
-    proc, seconds = run_under_oclgrind([str(DRIVER)])
+@pytest.mark.parametrize("scope", [
+    pytest.param("quick", marks=pytest.mark.quick_only),
+    pytest.param("every variant", marks=pytest.mark.exhaustive)])
+def test_all_formats_clean_under_oclgrind(scope):
+    """Every format under Oclgrind: its defaults and the GPU/CPU profiles by default,
+    its own parameter sweep too with ``--exhaustive`` (tests/conftest.py)."""
+    proc, seconds = run_under_oclgrind([str(DRIVER)] + (["--quick"] if scope == "quick"
+                                                        else []))
     findings = oclgrind_findings(proc.stderr)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     summary = json.loads(lines[-1]) if lines else {}
