@@ -102,7 +102,7 @@ def main(argv=None):
                              min_time=args.min_time, progress=bench.ProgressBar(),
                              checkpoint=save)
     save(env, results)
-    print(bench.format_table(env, results))
+    print(bench.format_report(env, results))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import numpy as np
 from . import bench
 from ._version import __version__
 from .bench.generators import DEFAULT_SPECS, GENERATOR_HELP, from_spec
+from .bench.runner import REPORT_WIDTH, clip, params_text
 from .device import devices, get_device
 from .errors import PySpMVError
 from .features import MatrixFeatures
@@ -114,7 +115,7 @@ def _cmd_bench(args):
             with open(args.json, "w") as fh:
                 fh.write(payload + "\n")
     if args.json != "-":
-        print(bench.format_table(env, results))
+        print(bench.format_report(env, results, verbose=args.verbose))
     return 0
 
 
@@ -182,8 +183,13 @@ def _cmd_tune(args):
           f"{database_dir() or 'memory only (PYSPMV_CL_NO_CACHE)'}")
     for r in rows:
         kernel = f"{r['kernel_seconds'] * 1e6:.1f} us" if r["kernel_seconds"] else "-"
-        print(f"{r['matrix']} {r['dtype']}: {r['format']} {r['params'] or ''} "
-              f"[{r['source']}, kernel {kernel}, {r['seconds']:.2f} s]")
+        head = f"{r['matrix']} {r['dtype']}: {r['format']}"
+        tail = f"[{r['source']}, kernel {kernel}, {r['seconds']:.2f} s]"
+        # The parameters are cut to keep the line in 120 columns; -v shows them all.
+        params = params_text(r["params"], full=True)
+        if not args.verbose:
+            params = clip(params, REPORT_WIDTH - len(head) - len(tail) - 2)
+        print(" ".join(t for t in (head, params, tail) if t))
         if args.verbose:
             print(f"    {r['explanation']}")
     return 1 if refused else 0
@@ -200,8 +206,10 @@ def build_parser():
 
     p = sub.add_parser(
         "bench", help="time SpMV formats against scipy and other peers",
-        description="Benchmark SpMV on generated matrices or Matrix Market files. "
-                    "See --list-generators for the matrix specs.")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Benchmark SpMV on generated matrices or Matrix Market files.\n"
+                    "See --list-generators for the matrix specs.",
+        epilog="\n".join(["columns of the table:", *bench.column_notes(width=66)]))
     p.add_argument("matrices", nargs="*",
                    help=f"matrix specs or .mtx(.gz) files (default: {' '.join(DEFAULT_SPECS)})")
     p.add_argument("--formats", default="all,auto",
@@ -218,6 +226,9 @@ def build_parser():
                    help="minimum seconds of timed runs per case")
     p.add_argument("--json", metavar="FILE", help="also write results as JSON ('-': stdout only)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="full parameters, platform and messages, auto's explanations and "
+                        "notes on the columns (lines may be wider than 120 columns)")
     p.add_argument("--list-generators", action="store_true", help="show matrix specs and exit")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw a roofline-style chart (needs matplotlib: the bench extra)")

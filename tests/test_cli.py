@@ -1,6 +1,7 @@
 """The `pyspmv-cl bench` command: results as JSON, clear errors for bad arguments."""
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,122 @@ def test_bench_table_output():
                    "--peers", "none", "--dtype", "float64", "--repeat", "2",
                    "--min-time", "0.01", "--quiet", "banded:500,2")
     assert proc.returncode == 0, proc.stderr
-    assert "| banded-500-2 |" in proc.stdout and "copy bandwidth" in proc.stdout
-    assert "| nbytes |" in proc.stdout and " KiB |" in proc.stdout
+    assert "banded-500-2 float64: 500 x 500, " in proc.stdout and "copy bandwidth" in proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if "nbytes" in line)
+    assert header.split() == ["impl", "GFLOP/s", "GB/s", "%", "copy", "kernel", "ms", "call",
+                              "ms", "conv", "rel", "err", "nbytes", "params"]
+    assert re.search(r" KiB  [a-z_]+=", proc.stdout)   # nbytes, then the parameters
+
+
+LONG_PARAMS = ["--formats", "bccoo,csr5,ellr-t,auto", "--peers", "scipy", "--dtype", "float32",
+               "--repeat", "2", "--min-time", "0.01", "--quiet", "poisson2d:20"]
+
+
+def test_bench_table_fits_120_columns_with_a_legend(tmp_path):
+    """bccoo's and csr5's parameters alone are over 120 characters: the default table
+    cuts them (full in --json and -v) and explains its columns in one line."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", "--device", DEVICES[0].id, "--json", str(out), *LONG_PARAMS)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""    # --quiet: no progress, the table still on stdout
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120, max(lines, key=len)
+    from pyspmv_cl.bench.runner import LEGEND
+    assert LEGEND in lines and len(LEGEND) <= 120
+    assert "% copy" in LEGEND and ">100%" in LEGEND
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"bccoo", "csr5", "ellr-t", "auto", "scipy"}
+    # --json keeps every parameter, index_bits too
+    assert set(rows["bccoo"]["params"]) >= {"work_group_size", "tile_size", "result_cache",
+                                             "col_compress", "index_bits"}
+    full = " ".join(f"{k}={v}" for k, v in rows["bccoo"]["params"].items() if k != "index_bits")
+    assert len(full) > 120
+    table = {line.split()[0]: line for line in lines if line.startswith("  ")}
+    bccoo = table["bccoo"]
+    assert bccoo.endswith("...") and "work_group_size=16" in bccoo
+    assert "result_cache=" not in proc.stdout
+    # the table's cells are the JSON's numbers
+    r = rows["bccoo"]
+    env = json.loads(out.read_text())["environment"]
+    assert abs(r["pct_copy_bw"] - 100 * r["gbps"] / env["copy_gbps"]) < 1e-9 * r["pct_copy_bw"]
+    assert bccoo.split()[1:5] == [f"{r['gflops']:.2f}", f"{r['gbps']:.1f}",
+                                  f"{r['pct_copy_bw']:.0f}", f"{r['seconds'] * 1e3:.3f}"]
+    assert table["auto"].split()[10].startswith(rows["auto"]["format"])
+    assert "-v shows everything" in proc.stdout
+
+
+def test_bench_verbose_shows_full_parameters():
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    proc = run_cli("bench", "--device", DEVICES[0].id, "-v", *LONG_PARAMS)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    bccoo = next(line for line in lines if line.startswith("  bccoo "))
+    assert " result_cache=1 index_bits=32" in bccoo and not bccoo.endswith("...")
+    assert len(bccoo) > 120
+    assert any(line.startswith("  auto: ") for line in lines)     # auto's explanation
+    assert any(line.startswith("  % copy ") for line in lines)    # the column notes
+    assert "Over 100% is possible" in proc.stdout.replace("\n", " ").replace("  ", " ")
+    assert "-v shows everything" not in proc.stdout
+
+
+def _synthetic_results():
+    base = {"rows": 1000, "cols": 1000, "nnz": 4960, "dtype": "float32", "seconds": 2e-5,
+            "min_bytes": 51_000, "gflops": 0.5, "gbps": 2.55, "pct_copy_bw": 123.4,
+            "rel_err": 1e-7}
+    name = "a-matrix-with-a-rather-long-name-" + "x" * 90
+    ours = dict(base, matrix=name, impl="bccoo", kind="pyspmv_cl", format="bccoo",
+                params={f"parameter_{k}": k for k in range(20)}, nbytes=40_000,
+                call_seconds=1e-4, conversion_seconds=1e-3, conversion_spmvs=50.0)
+    auto = dict(ours, impl="auto", format="csr5", tuning_source="measured",
+                explanation="measured" + " because" * 30)
+    peer = dict(base, matrix=name, impl="scipy", kind="peer", seconds=4e-5)
+    refused = {"matrix": name, "dtype": "float32", "impl": "dia",
+               "error": "FormatNotSuitableError: too many" + " diagonals" * 20}
+    env = {"device": "Some Device", "platform": "A Platform " + "with a long version " * 10,
+           "compute_units": 8, "copy_gbps": 100.0,
+           "peers_unavailable": {"mkl": "ModuleNotFoundError: no" + " no" * 60}}
+    return env, [refused, ours, auto, peer], name
+
+
+def test_format_report_cuts_every_line_unless_verbose():
+    from pyspmv_cl.bench import format_report, format_table
+    from pyspmv_cl.bench.runner import LEGEND
+
+    env, results, name = _synthetic_results()
+    text = format_report(env, results)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert LEGEND in text.splitlines()
+    assert "parameter_19" not in text and "  bccoo " in text and "  dia    refused: " in text
+    auto = next(line for line in text.splitlines() if line.startswith("  auto "))
+    assert "123  " in auto and "csr5 (measured): parameter_0=0" in auto
+    wide = format_report(env, results, verbose=True)
+    for full in (name, "parameter_19=19", env["platform"], results[0]["error"],
+                 results[2]["explanation"], env["peers_unavailable"]["mkl"]):
+        assert full in wide and full not in text
+    assert max(len(line) for line in wide.splitlines()) > 120
+    assert "parameter_19=19" in format_table(env, results)   # the markdown keeps them
+
+
+def test_tune_line_fits_120_columns_unless_verbose(monkeypatch, capsys):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from pyspmv_cl import cli
+    from pyspmv_cl.tuning.tuner import Decision
+
+    params = {f"parameter_{k}": k for k in range(20)}
+    monkeypatch.setattr(cli, "select", lambda *a, **k: Decision(
+        "csr5", params, "measured because", "measured", kernel_seconds=1e-5))
+    argv = ["tune", "--device", DEVICES[0].id, "--quiet", "poisson2d:10"]
+    assert cli.main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert len(line) <= 120 and "parameter_0=0" in line and "parameter_19" not in line
+    assert "csr5 parameter_0=0" in line and "... [measured, kernel 10.0 us, " in line
+    assert cli.main([*argv, "-v"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "parameter_19=19 [measured" in out[-2] and out[-1] == "    measured because"
 
 
 def test_bench_progress_bar_and_nbytes():
@@ -84,6 +199,29 @@ def test_progress_bar_rendering():
     assert lines[0].startswith("[........] 0/4   0%") and lines[0].endswith("one")
     assert lines[1].startswith("[##......] 1/4  25%") and lines[1].endswith("two")
     assert lines[2].startswith("[########] 4/4 100%")
+
+
+def test_progress_bar_stays_within_the_terminal(monkeypatch):
+    """Redrawn in place with '\\r': a line wider than the terminal would wrap and leave
+    its first part behind at every step."""
+    import io
+    import os
+    import shutil
+
+    from pyspmv_cl.bench import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a: os.terminal_size((60, 24)))
+    stream = Terminal()
+    bar = ProgressBar(total=2, stream=stream, width=8)
+    bar("building " + "a-long-matrix-name-" * 10)
+    bar.close()
+    drawn = stream.getvalue().replace("\n", "\r").split("\r")
+    assert max(len(d) for d in drawn) <= 59 and drawn[1].endswith("...")
+    assert drawn[-2].startswith("[########] 2/2 100%")
 
 
 def test_bench_plot(tmp_path):

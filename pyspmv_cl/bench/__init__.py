@@ -8,8 +8,10 @@ The runner's functions are re-exported here (``bench.run``, ``bench.format_table
 from .runner import (
     ProgressBar,
     bench_matrix,
+    column_notes,
     copy_bandwidth,
     environment,
+    format_report,
     format_table,
     min_bytes,
     plot_roofline,
@@ -19,6 +21,6 @@ from .runner import (
     summary_lines,
 )
 
-__all__ = ["ProgressBar", "bench_matrix", "copy_bandwidth", "environment", "format_table",
-           "min_bytes", "plot_roofline", "relative_error", "run", "stderr_progress",
-           "summary_lines"]
+__all__ = ["ProgressBar", "bench_matrix", "column_notes", "copy_bandwidth", "environment",
+           "format_report", "format_table", "min_bytes", "plot_roofline", "relative_error",
+           "run", "stderr_progress", "summary_lines"]

@@ -11,6 +11,7 @@ same matrix and report wall time (or CUDA-event time on a GPU).
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -282,35 +283,102 @@ def environment(device, copy_gbps, peers, skipped):
     }
 
 
+#: Width of the terminal report unless verbose.
+REPORT_WIDTH = 120
+
+#: One line under the terminal table (and the markdown one): what GB/s and % copy mean.
+LEGEND = ("GB/s: CSR-equivalent bytes / time; % copy: GB/s / copy bandwidth, >100% when caches "
+          "hold data or the format stores less")
+
+#: Notes on every column: ``bench -v`` prints them under the table, ``bench --help`` too.
+COLUMN_NOTES = (
+    ("GFLOP/s", "2 * nnz / time, the time being 'kernel ms'."),
+    ("GB/s", "the bytes a CSR product must move at least (values, 32-bit column indices and "
+             "row pointers, x read once, y written once) / time: one count for every "
+             "implementation, whatever its format stores."),
+    ("% copy", "GB/s as a percentage of the device's copy bandwidth, measured first with "
+               "our copy kernel on a buffer of up to 256 MiB (reads and writes counted). Over "
+               "100% is possible and no error: a matrix and vectors that fit in a cache stay "
+               "there between the timed runs, a format may store fewer bytes than CSR (dia: "
+               "no column indices), and a device may read faster than it copies."),
+    ("kernel ms", "median device time of one product, all its kernels, vectors on the device "
+                  "(profiling events); peers: wall time of a call, or CUDA-event time on a "
+                  "GPU."),
+    ("call ms", "median wall time of a whole host-to-host op @ x."),
+    ("conv", "the conversion from CSR to the format, in units of one product's kernel time."),
+    ("rel err", "max |y - y_ref| / max(|A| @ |x|) against scipy in float64."),
+    ("nbytes", "the format's device memory."),
+    ("params", "the format's parameters; for auto, the format chosen and where the decision "
+               "came from (model, measured, database). Cut to fit 120 columns unless -v."),
+)
+
+
+def column_notes(width=88, indent=13):
+    """The notes of :data:`COLUMN_NOTES` as lines, wrapped to ``width``."""
+    import textwrap
+    lines = []
+    for name, text in COLUMN_NOTES:
+        lines += textwrap.wrap(text, width, initial_indent=f"  {name:<{indent - 2}}",
+                               subsequent_indent=" " * indent)
+    return lines
+
+
+def clip(text, width):
+    """``text`` cut to ``width`` characters, ending in '...' when cut (None: unchanged)."""
+    if width is None or len(text) <= width:
+        return text
+    return text[:max(0, width - 3)] + "..."
+
+
+def params_text(params, full=False):
+    """Format parameters as ``key=value`` words: all with ``full``, else without
+    ``index_bits`` and the unset (None) ones."""
+    return " ".join(f"{k}={v}" for k, v in (params or {}).items()
+                    if full or (k != "index_bits" and v is not None))
+
+
+def _row_params(r, full):
+    """The params cell of a result: for ``auto``, the format chosen and the decision's
+    source first, so that cutting the text keeps them."""
+    text = params_text(r.get("params"), full)
+    if r["impl"] == "auto" and r.get("format"):
+        source = f" ({r['tuning_source']})" if r.get("tuning_source") else ""
+        return f"{r['format']}{source}: {text}" if text else f"{r['format']}{source}"
+    return text
+
+
+def _cells(r):
+    """The numeric cells of a successful result, as strings ('' where not applicable)."""
+    def opt(key, fmt):
+        return format(r[key], fmt) if r.get(key) is not None else ""
+    return [f"{r['gflops']:.2f}", f"{r['gbps']:.1f}", opt("pct_copy_bw", ".0f"),
+            f"{r['seconds'] * 1e3:.3f}",
+            f"{r['call_seconds'] * 1e3:.3f}" if r.get("call_seconds") is not None else "",
+            opt("conversion_spmvs", ".0f"), f"{r['rel_err']:.1e}",
+            format_bytes(r["nbytes"]) if r.get("nbytes") is not None else ""]
+
+
+_NUMERIC = ["GFLOP/s", "GB/s", "% copy", "kernel ms", "call ms", "conv", "rel err", "nbytes"]
+
+
 def format_table(env, results):
-    """A readable markdown table of the results."""
+    """The results as a markdown document (full parameters; for files: the ``.md`` of
+    ``benchmarks/run_suite.py``).  :func:`format_report` is the terminal's form."""
     lines = [
         f"device: {env['device']} ({env['platform']}), {env['compute_units']} compute units; "
         f"copy bandwidth {env['copy_gbps']:.1f} GB/s",
         "",
-        "| matrix | rows | nnz | dtype | impl | GFLOP/s | GB/s | % copy BW | kernel ms "
-        "| call ms | conv (SpMVs) | rel err | nbytes | params |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| matrix | rows | nnz | dtype | impl | " + " | ".join(_NUMERIC) + " | params |",
+        "|---|---:|---:|---|---|" + "---:|" * len(_NUMERIC) + "---|",
     ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['matrix']} | | | {r.get('dtype', '')} | {r['impl']} | "
-                         f"refused: {r['error']} | | | | | | | | |")
+                         f"refused: {r['error']} |" + " |" * len(_NUMERIC))
             continue
-        params = r.get("params") or {}
-        ptext = " ".join(f"{k}={v}" for k, v in params.items() if k != "index_bits")
-        call = f"{r['call_seconds'] * 1e3:.3f}" if "call_seconds" in r else ""
-        if r["impl"] == "auto" and r.get("format"):
-            ptext = f"{r['format']}: {ptext}" + (f" ({r['tuning_source']})"
-                                                if r.get("tuning_source") else "")
-        conv = f"{r['conversion_spmvs']:.0f}" if r.get("conversion_spmvs") is not None else ""
-        pct = f"{r['pct_copy_bw']:.0f}" if r.get("pct_copy_bw") is not None else ""
-        nbytes = format_bytes(r["nbytes"]) if r.get("nbytes") is not None else ""
-        lines.append(
-            f"| {r['matrix']} | {r['rows']} | {r['nnz']} | {r['dtype']} | {r['impl']} | "
-            f"{r['gflops']:.2f} | {r['gbps']:.1f} | {pct} | {r['seconds'] * 1e3:.3f} | "
-            f"{call} | {conv} | {r['rel_err']:.1e} | {nbytes} | {ptext} |")
-    lines += ["", *summary_lines(results)]
+        lines.append(f"| {r['matrix']} | {r['rows']} | {r['nnz']} | {r['dtype']} | {r['impl']} | "
+                     + " | ".join(_cells(r)) + f" | {_row_params(r, full=True)} |")
+    lines += ["", LEGEND, "", *summary_lines(results)]
     if env.get("peers_unavailable"):
         lines.append("")
         for name, why in env["peers_unavailable"].items():
@@ -318,12 +386,92 @@ def format_table(env, results):
     return "\n".join(lines)
 
 
+def _aligned(rows, right):
+    """Rows of cells as lines of columns two spaces apart (``right[i]``: right-align
+    column i)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if ra else c.ljust(w)
+                      for c, w, ra in zip(r, widths, right)).rstrip() for r in rows]
+
+
+def format_report(env, results, verbose=False, width=REPORT_WIDTH):
+    """The results for a terminal: per matrix and dtype a title line and a table of the
+    implementations, columns aligned, then :data:`LEGEND` and the summary.  Every line
+    fits in ``width`` columns (the parameters, long names and messages are cut);
+    ``verbose`` cuts nothing and adds auto's explanations and :func:`column_notes`."""
+    cut = []   # the texts cut, if any
+
+    def fit(text, w=None if verbose else width):
+        out = clip(text, w)
+        if out != text:
+            cut.append(text)
+        return out
+
+    lines = [fit(f"device: {env['device']}, {env['compute_units']} compute units, "
+                 f"copy bandwidth {env['copy_gbps']:.1f} GB/s"),
+             fit(f"platform: {env['platform']}")]
+    header = ["impl", *_NUMERIC, "params"]
+    right = [False, *[True] * len(_NUMERIC), False]
+    # One set of column widths for every matrix, so that the tables line up; the
+    # params column gets what is left of the width.
+    fixed = [header[:-1]] + [[r["impl"], *_cells(r)] for r in results if "error" not in r]
+    widths = [max(len(row[i]) for row in fixed) for i in range(len(header) - 1)]
+    param_width = None if verbose else max(12, width - 2 - sum(w + 2 for w in widths))
+    groups = {}
+    for r in results:
+        groups.setdefault((r["matrix"], r.get("dtype", "")), []).append(r)
+    for (matrix, dtype), rows in groups.items():
+        title = f"{matrix} {dtype}".strip()
+        first = next((r for r in rows if "error" not in r), None)
+        if first is not None:
+            title += f": {first['rows']} x {first['cols']}, {first['nnz']} non-zeros"
+        table = [header]
+        for r in rows:
+            if "error" in r:
+                table.append([r["impl"], f"refused: {r['error']}"])
+            else:
+                table.append([r["impl"], *_cells(r), fit(_row_params(r, verbose), param_width)])
+        lines += ["", fit(title)]
+        for cells in table:   # the last cell (params, or a refusal) is not padded
+            padded = [c.rjust(w) if ra else c.ljust(w)
+                      for c, w, ra in zip(cells[:-1], widths, right)]
+            lines.append(fit("  " + "  ".join([*padded, cells[-1]]).rstrip()))
+        if verbose:
+            lines += [f"  {r['impl']}: {r['explanation']}" for r in rows if r.get("explanation")]
+    lines += ["", LEGEND]
+    if verbose:
+        lines += ["", "columns:", *column_notes()]
+    table, ratios = _summary(results)
+    if table:
+        lines += ["", "geometric mean GFLOP/s of each implementation over the matrices it ran on:"]
+        lines += ["  " + line for line in _aligned(
+            [["dtype", "implementation", "GFLOP/s", "matrices"], *table],
+            [False, False, True, True])]
+    if ratios:
+        lines += ["", *(fit(line) for line in ratios)]
+    if env.get("peers_unavailable"):
+        lines.append("")
+        lines += [fit(f"peer {name} unavailable: {why}")
+                  for name, why in env["peers_unavailable"].items()]
+    if cut:
+        lines += ["", f"(cut to {width} columns: -v shows everything, --json FILE saves it)"]
+    return "\n".join(lines)
+
+
 def summary_lines(results):
     """Geometric means per dtype over the matrices every implementation ran on:
     GFLOP/s of each implementation, and the speed of our best format per matrix
-    relative to each peer."""
-    ok = [r for r in results if "error" not in r and r.get("seconds")]
+    relative to each peer (markdown table, then lines)."""
+    table, ratios = _summary(results)
     lines = ["| dtype | implementation | geomean GFLOP/s | matrices |", "|---|---|---:|---:|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table]
+    return lines + [""] + ratios
+
+
+def _summary(results):
+    """(rows of [dtype, implementation, geomean GFLOP/s, matrices], comparison lines)."""
+    ok = [r for r in results if "error" not in r and r.get("seconds")]
+    table = []
     ratios = []
     for dtype in sorted({r["dtype"] for r in ok}):
         rows = [r for r in ok if r["dtype"] == dtype]
@@ -338,17 +486,16 @@ def summary_lines(results):
         flops = {r["matrix"]: 2.0 * r["nnz"] for r in rows}
         for impl, times in by_impl.items():
             g = math.exp(sum(math.log(flops[m] / t / 1e9) for m, t in times.items()) / len(times))
-            lines.append(f"| {dtype} | {impl} | {g:.2f} | {len(times)} |")
+            table.append([dtype, impl, f"{g:.2f}", str(len(times))])
         for impl in sorted({r["impl"] for r in rows if r.get("kind") == "peer"}):
             common = [m for m in by_impl[impl] if m in best]
             if common:
                 g = math.exp(sum(math.log(by_impl[impl][m] / best[m]) for m in common)
                              / len(common))
-                ratios.append(f"{dtype}: speed of the best pyspmv_cl format per matrix "
-                              f"relative to {impl}: {g:.2f}x (geometric mean over "
-                              f"{len(common)} matrices; >1 = faster)")
+                ratios.append(f"{dtype}: the best pyspmv_cl format per matrix vs {impl}: "
+                              f"{g:.2f}x the speed (geometric mean, {len(common)} matrices)")
         ratios += _auto_lines(dtype, by_impl, ours, rows)
-    return lines + [""] + ratios
+    return table, ratios
 
 
 def _auto_lines(dtype, by_impl, ours, rows):
@@ -364,16 +511,16 @@ def _auto_lines(dtype, by_impl, ours, rows):
         slow = {m: auto[m] / best[m] for m in best}
         worst = max(slow, key=slow.get)
         g = math.exp(sum(math.log(v) for v in slow.values()) / len(slow))
-        out.append(f"{dtype}: auto's time relative to the best single format per matrix: "
-                   f"geometric mean {g:.2f}x, worst {slow[worst]:.2f}x ({worst}); "
-                   f"{sum(v > 1.1 for v in slow.values())} of {len(slow)} matrices over 1.10x")
+        out.append(f"{dtype}: auto's time / the best single format's: geometric mean {g:.2f}x, "
+                   f"{sum(v > 1.1 for v in slow.values())} of {len(slow)} over 1.10x, "
+                   f"worst {slow[worst]:.2f}x ({worst})")
     for impl in sorted({r["impl"] for r in rows if r.get("kind") == "peer"}):
         common = [m for m in by_impl[impl] if m in auto]
         if common:
             g = math.exp(sum(math.log(by_impl[impl][m] / auto[m]) for m in common)
                          / len(common))
-            out.append(f"{dtype}: speed of auto relative to {impl}: {g:.2f}x (geometric mean "
-                       f"over {len(common)} matrices; >1 = faster)")
+            out.append(f"{dtype}: auto vs {impl}: {g:.2f}x the speed (geometric mean, "
+                       f"{len(common)} matrices)")
     return out
 
 
@@ -415,6 +562,8 @@ class ProgressBar:
             self.done = done
         line = self.render(message)
         if self.tty:
+            # A line wider than the terminal would wrap, and '\r' would not redraw it.
+            line = clip(line, shutil.get_terminal_size().columns - 1)
             pad = max(0, self._last_len - len(line))
             self.stream.write("\r" + line + " " * pad)
             self._last_len = len(line)
@@ -426,6 +575,7 @@ class ProgressBar:
         self.done = self.total or self.done
         line = self.render(message)
         if self.tty:
+            line = clip(line, shutil.get_terminal_size().columns - 1)
             self.stream.write("\r" + line + " " * max(0, self._last_len - len(line)) + "\n")
         else:
             self.stream.write(line + "\n")
