@@ -499,7 +499,9 @@ def test_profile_override(override, fmt, dtype, device, rng):
         wg = params.get("work_group_size")
         if wg is not None:
             assert 1 <= wg <= profile.max_work_group_size
-        if fmt == "csr-vector":
+        if fmt == "csr-vector" and params["mapping"] == "adaptive":
+            assert params["vector_size"] is None and profile.is_gpu
+        elif fmt == "csr-vector":
             vs = params["vector_size"]
             assert 2 <= vs <= max(2, min(64, profile.simd_width, profile.lanes(dtype)))
             assert wg % vs == 0
@@ -546,3 +548,24 @@ def test_linear_operator_cg(fmt, device, rng):
     assert scipy_info == 0
     assert np.linalg.norm(solution - exact) <= 1e-7 * np.linalg.norm(exact)
     assert np.linalg.norm(solution - scipy_solution) <= 1e-7 * np.linalg.norm(exact)
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+def test_csr_vector_default_mapping(device, rng):
+    """GPUs default to the adaptive mapping unless the longest row exceeds its windows;
+    CPUs, a vector_size or mapping="rows" get the row mapping; each is right."""
+    gpu = device.override(device_type="gpu", simd_width=32)
+    cpu = device.override(device_type="cpu")
+    regular = CASES["row_length_sweep"](rng)
+    hub = sp.csr_matrix((np.ones(10_000), (np.zeros(10_000, int), np.arange(10_000))),
+                        shape=(50, 20_000)) + sp.random(50, 20_000, density=1e-3,
+                                                        random_state=1, format="csr")
+    cases = [(gpu, regular, {}, "adaptive"), (cpu, regular, {}, "rows"),
+             (gpu, regular, {"vector_size": 4}, "rows"),
+             (gpu, regular, {"mapping": "rows"}, "rows"), (gpu, hub, {}, "rows")]
+    for dev, A, given, mapping in cases:
+        op = psc.SpMV(A, format="csr-vector", device=dev, **given)
+        assert op.params["mapping"] == mapping, (dev.profile.device_type, given)
+        assert (op.params["vector_size"] is None) == (mapping == "adaptive")
+        check_host(op, A, rng.standard_normal(A.shape[1]), np.float64 if dev.profile.fp64
+                   else np.float32, rng)

@@ -262,13 +262,19 @@ def test_csr_vector_candidates_offer_narrower_vectors():
     # then the row default, the other adaptive shape and the narrower vectors.
     adaptive, wide = {"mapping": "adaptive"}, {"mapping": "adaptive", "work_group_size": 256,
                                                "items_per_thread": 4}
-    assert candidates(15.0) == [adaptive, {}, wide, {"vector_size": 8}, {"vector_size": 4}]
-    assert candidates(3.0) == [adaptive, {}, wide, {"vector_size": 2}]
-    assert candidates(1.0) == [adaptive, {}, wide]
+    rows = {"mapping": "rows"}
+    assert candidates(15.0) == [adaptive, rows, wide, {**rows, "vector_size": 8},
+                                {**rows, "vector_size": 4}]
+    assert candidates(3.0) == [adaptive, rows, wide, {**rows, "vector_size": 2}]
+    assert candidates(1.0) == [adaptive, rows, wide]
     # Rows over 8 windows (8 * 128 * 8 = 8192 entries): no adaptive candidates.
     hub = MatrixFeatures(10**5, 10**5, 10**6, 10.0, 10**4, 50.0, 0)
     assert CSRVector.tuning_candidates(hub, gpu, np.float32) == [
-        {}, {"vector_size": 8}, {"vector_size": 4}]
+        rows, {**rows, "vector_size": 8}, {**rows, "vector_size": 4}]
+    # The defaults follow the same rule: adaptive on GPUs where it suits.
+    f15 = MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, 300, 1.5, 0)
+    assert CSRVector.default_params(f15, gpu, np.float32)["mapping"] == "adaptive"
+    assert CSRVector.default_params(hub, gpu, np.float32)["mapping"] == "rows"
     cpu = DEVICES[0].profile.replace(device_type="cpu")
     assert {"mapping": "adaptive"} not in CSRVector.tuning_candidates(
         MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, 300, 1.5, 0), cpu, np.float32)

@@ -1,9 +1,11 @@
 """``csr-vector``: CSR read by groups of work-items.
 
-``mapping="rows"`` (default): Bell & Garland's vector kernel, generalised from one warp
-to ``vector_size`` = 2...64 work-items per row.
+``mapping="rows"`` (the default on CPUs, and on GPUs for rows too long for the
+adaptive windows): Bell & Garland's vector kernel, generalised from one warp to
+``vector_size`` = 2...64 work-items per row.
 
-``mapping="adaptive"``: after Greathouse & Daga's CSR-Adaptive (SC14).  The host cuts
+``mapping="adaptive"`` (the default on GPUs otherwise): after Greathouse & Daga's
+CSR-Adaptive (SC14).  The host cuts
 the rows into blocks (``row_blocks``), one work-group each:
 
 - the group reads the block's entries consecutively (coalesced ``values``/``col_idx``,
@@ -87,6 +89,15 @@ class CSRVector(CSRFormatBase):
 
     @classmethod
     def default_params(cls, features, profile, dtype):
+        """The adaptive mapping on GPUs where its windows suit the longest row (see
+        ``adaptive_suits``), the row mapping elsewhere."""
+        rows = cls._rows_defaults(features, profile, dtype)
+        if cls.adaptive_suits(features, profile, ADAPTIVE_DEFAULT):
+            return cls._adaptive_defaults(rows, profile)
+        return rows
+
+    @classmethod
+    def _rows_defaults(cls, features, profile, dtype):
         vector_size = vector_size_for(features.mean_row_length, profile.lanes(dtype))
         wg = 128 if profile.is_gpu else 64
         wg = max(vector_size, min(wg, profile.max_work_group_size))
@@ -95,16 +106,43 @@ class CSRVector(CSRFormatBase):
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction,
                 "mapping": "rows", "items_per_thread": None}
 
+    @staticmethod
+    def _adaptive_defaults(rows, profile):
+        """Adaptive: a group of 128 (at most the device's), 8 entries per work-item, no
+        vector size: the best of four shapes on an H200 for astro-ph,
+        Groebner_id2003_aug and cage10 (x32)."""
+        return {**rows, "mapping": "adaptive", "vector_size": None,
+                "items_per_thread": ADAPTIVE_DEFAULT["items_per_thread"],
+                "work_group_size": pow2_floor(min(ADAPTIVE_DEFAULT["work_group_size"],
+                                                  profile.max_work_group_size))}
+
+    @staticmethod
+    def adaptive_suits(features, profile, shape):
+        """Whether the adaptive mapping of ``shape`` is a GPU default: the longest row
+        takes at most ``ADAPTIVE_MAX_WINDOWS`` windows of one group (a power-law graph's
+        hub rows: 1.2-3.7 ms against csr5's 0.13 on an H200).  On an H200 it beat the
+        row mapping on 4 of 5 irregular matrices, and halved the time of a product
+        waited for on cage10 x133 (86 against 178 us)."""
+        if not profile.is_gpu or shape["work_group_size"] > profile.max_work_group_size:
+            return False
+        window = shape["work_group_size"] * shape["items_per_thread"]
+        return features.max_row_length <= ADAPTIVE_MAX_WINDOWS * window
+
     @classmethod
     def resolve_params(cls, features, profile, dtype, given):
-        """With ``mapping="adaptive"`` the defaults become a group of 128 (at most the
-        device's), 8 entries per work-item, and no vector size: the best of four
-        shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32)."""
-        defaults = cls.default_params(features, profile, dtype)
-        if given.get("mapping") == "adaptive":
-            defaults.update(vector_size=None, items_per_thread=ADAPTIVE_DEFAULT[
-                "items_per_thread"], work_group_size=pow2_floor(
-                    min(ADAPTIVE_DEFAULT["work_group_size"], profile.max_work_group_size)))
+        """The defaults of the mapping asked for: ``mapping="rows"`` or a
+        ``vector_size`` asks for the row mapping, ``mapping="adaptive"`` for the
+        adaptive one, neither for :meth:`default_params`' choice."""
+        rows = cls._rows_defaults(features, profile, dtype)
+        mapping = given.get("mapping")
+        if mapping is None and given.get("vector_size") is not None:
+            mapping = "rows"
+        if mapping == "adaptive":
+            defaults = cls._adaptive_defaults(rows, profile)
+        elif mapping is None:
+            defaults = cls.default_params(features, profile, dtype)
+        else:
+            defaults = rows
         params = P.resolve(cls.name, cls.params, defaults, given)
         cls.check_params(params, profile)
         return params
@@ -153,17 +191,12 @@ class CSRVector(CSRFormatBase):
         graph's hub rows: 1.2-3.7 ms against csr5's 0.13).  The adaptive default then
         comes first: the tuner's first pass times each format's first candidate only,
         and on an H200 it beat the row mapping on 4 of 5 irregular matrices."""
-        vs = cls.default_params(features, profile, dtype)["vector_size"]
-        rows = [{}] + [{"vector_size": v} for v in (vs // 2, vs // 4) if v >= 2]
-        adaptive = []
-        if profile.is_gpu:
-            for shape in ({}, {"work_group_size": 256, "items_per_thread": 4}):
-                full = {**ADAPTIVE_DEFAULT, **shape}
-                if full["work_group_size"] > profile.max_work_group_size:
-                    continue
-                window = full["work_group_size"] * full["items_per_thread"]
-                if features.max_row_length <= ADAPTIVE_MAX_WINDOWS * window:
-                    adaptive.append({"mapping": "adaptive", **shape})
+        vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
+        rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
+                                        for v in (vs // 2, vs // 4) if v >= 2]
+        adaptive = [{"mapping": "adaptive", **shape}
+                    for shape in ({}, {"work_group_size": 256, "items_per_thread": 4})
+                    if cls.adaptive_suits(features, profile, {**ADAPTIVE_DEFAULT, **shape})]
         if not adaptive:
             return rows
         # Adaptive default, the row default, the other adaptive shape, narrower vectors.
