@@ -58,7 +58,9 @@ def test_defaults_tune_online_and_store_the_decision(device, rng):
         x = rng.standard_normal(A.shape[1])
         assert_close(op @ x, reference(A, x), A, x, DTYPE)
     again = psc.SpMV(A, device=device)
-    assert again.tuning.source == "database" and again.format == op.format
+    assert again.tuning.source == "database"
+    again.finish_tuning()   # a winner converting on the host is handed over later
+    assert again.format == op.format
 
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
@@ -228,3 +230,67 @@ def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rn
     assert [fmt for _, fmt in tuning.switches] == ["sell", "ell"]
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_online_measure_checks_candidates_against_the_start_format(device, monkeypatch):
+    """An online measurement checks candidates against the start format's product (no
+    float64 pass on the host): a candidate computing 2A is skipped as wrong."""
+    from pyspmv_cl.formats import FORMATS
+    from pyspmv_cl.tuning import tuner
+
+    class Doubled(FORMATS["csr-scalar"]):   # a broken format: values doubled
+        name = "doubled"
+
+        def convert(self, csr):
+            arrays = super().convert(csr)
+            return {**arrays, "values": arrays["values"] * 2}
+
+    def no_scipy(self):
+        raise AssertionError("the online check computed scipy's reference")
+
+    monkeypatch.setattr(tuner._Bench, "_scipy_reference", no_scipy)
+    A = matrix()
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    registry = {"csr-scalar": FORMATS["csr-scalar"], "doubled": Doubled,
+                "csr-vector": FORMATS["csr-vector"]}
+    entry, impl, chosen = tuner.measure(
+        A, features, device, DTYPE, budget=30, registry=registry, alternatives=False,
+        include=[("csr-scalar", {})], offer=lambda *a: False)
+    measured = {c["format"] for c in entry["candidates"]}
+    assert "csr-scalar" in measured and "csr-vector" in measured
+    assert "doubled" not in measured
+    assert any(name == "doubled" and "wrong result" in why for name, why in entry["skipped"])
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
+    """A database hit on a format converted on the host (here ell) starts on the CSR
+    kernel and converts the winner in the background; expected_calls= or tune=True
+    convert it before the first product instead.  Results are right throughout."""
+    from pyspmv_cl.features import shape_fingerprint, structure_digest
+
+    A = matrix()
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    fp = {**shape_fingerprint(features), "structure_sha256": structure_digest(A)}
+    key = database.entry_key(device.profile, fp, np.dtype(DTYPE).name)
+    database.store(key, {"candidates": [
+        {"format": "ell", "params": {}, "kernel_seconds": 1e-6, "conversion_seconds": 0.01,
+         "confirmed": True},
+        {"format": "csr-scalar", "params": {}, "kernel_seconds": 2e-6,
+         "conversion_seconds": 0.0, "confirmed": True}], "skipped": [],
+        "tuning_seconds": 0.1, "created": "2026-11-23 00:00:00 UTC", "fingerprint": fp})
+    start = online.start_choice(features, device.profile, DTYPE)[0]
+    op = psc.SpMV(A, device=device)
+    assert op.tuning.source == "database" and op.format == start
+    assert "ell converts in the background" in op.explanation
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert op.finish_tuning(60) == "done"
+    assert op.format == "ell" and op.explanation.startswith("tuning database")
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    for kwargs in ({"expected_calls": 10**6}, {"tune": True}):
+        now = psc.SpMV(A, device=device, **kwargs)
+        assert now.format == "ell" and now.tuning.online is None, kwargs
+        assert_close(now @ x, reference(A, x), A, x, DTYPE)

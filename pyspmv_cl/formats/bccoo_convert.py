@@ -93,10 +93,20 @@ def _block_keys(csr, h, w, slices):
     return keys, rows, cols, n_block_rows, copies, row_stride
 
 
+def _sorted_unique(keys):
+    """np.unique(keys) by a sort: numpy 2.3+ hashes instead, 30x slower on these int64
+    keys (262k keys: 118 ms against 4 ms), which made ranking bccoo's block shapes cost
+    0.7 s of an online tuning."""
+    ordered = np.sort(keys)
+    if ordered.size < 2:
+        return ordered
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+
+
 def count_blocks(csr, h, w, slices=1):
     """(non-zero blocks, dummy blocks for empty rearranged rows) of this shape."""
     keys, _, _, n_block_rows, _, row_stride = _block_keys(csr, h, w, slices)
-    unique = np.unique(keys)
+    unique = _sorted_unique(keys)
     block_rows = unique // row_stride       # sorted: count the changes
     rows_used = int(block_rows.size and 1 + np.count_nonzero(block_rows[1:] != block_rows[:-1]))
     return int(unique.size), int(slices * n_block_rows - rows_used)
