@@ -369,13 +369,18 @@ def test_index_bits_64_matches_32(fmt, dtype, device, rng):
             results[bits] = check_host(op, A, x, dtype, rng)
             check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng, beta=0.5)
             results[bits, "nbytes"] = op.nbytes
+            blocks = op._impl.buffers.get("row_blocks")   # csr-vector's adaptive mapping
+            results[bits, "blocks"] = blocks.size if blocks is not None else 0
         if op is None:
             continue
         assert np.array_equal(np.isnan(results[32]), np.isnan(results[64]))
         if fmt in ("csr-scalar", "csr-vector"):
-            # row_ptr and col_idx double in width; values do not change.
-            assert results[64, "nbytes"] - results[32, "nbytes"] == 4 * (csr.shape[0] + 1
-                                                                         + csr.nnz)
+            # row_ptr, col_idx (and row blocks) double in width; values do not change.
+            blocks = results[64, "blocks"] - results[32, "blocks"]
+            # (an empty array is a one-byte stand-in buffer in both widths)
+            assert blocks == results[32, "blocks"] or results[32, "blocks"] == 1
+            assert results[64, "nbytes"] - results[32, "nbytes"] == 4 * (
+                csr.shape[0] + 1 + csr.nnz) + blocks
 
 
 # ------------------------------------------------------------------------ csr-vector geometry

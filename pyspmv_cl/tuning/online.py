@@ -12,7 +12,9 @@ decision in the tuning database.  The operator switches to the winner at the sta
 its next product (in the caller's thread: no implementation is ever used by two threads).
 A candidate that already beats the start format by a margin is handed over as soon as
 it is timed (``offer``), before the others are measured; the final winner, if another,
-follows.
+follows.  While a measurement runs, the interpreter's switch interval is lowered
+(``TUNING_SWITCH_INTERVAL``) so that the caller's thread gets the GIL back quickly
+after each queue wait; the caller's own value is restored afterwards.
 
 Each format is deterministic; after a switch results may differ from the start
 format's in the last bits (another summation order), never in anything else.
@@ -21,6 +23,7 @@ format's in the last bits (another summation order), never in anything else.
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import time
 
@@ -41,6 +44,41 @@ ONLINE_MAX_FORMATS = 4
 CPU_TRIGGER_SHARE = 1.0
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
+
+
+#: The interpreter's switch interval while a background measurement runs (seconds).
+#: The caller's thread gives up the GIL at every queue wait; with the default 5 ms it may
+#: then wait that long for the tuning thread to hand it back, every product.
+TUNING_SWITCH_INTERVAL = 2e-4
+
+
+class _SwitchInterval:
+    """Lowers ``sys.setswitchinterval`` while any measurement runs, and puts the
+    caller's value back after the last one (unless someone changed it meanwhile)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = 0
+        self._saved = None
+
+    def __enter__(self):
+        with self._lock:
+            if self._running == 0:
+                self._saved = sys.getswitchinterval()
+                if self._saved > TUNING_SWITCH_INTERVAL:
+                    sys.setswitchinterval(TUNING_SWITCH_INTERVAL)
+            self._running += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._running -= 1
+            # (the interpreter keeps microseconds: compare within one)
+            if self._running == 0 and abs(sys.getswitchinterval()
+                                          - TUNING_SWITCH_INTERVAL) < 1e-6:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _SwitchInterval()
 
 
 def online_budget(nnz: int) -> float:
@@ -156,6 +194,10 @@ class OnlineTuning:
 
     # -- the background thread -----------------------------------------------------------
     def _run(self, shape, arrays, events):
+        with _switch_interval:
+            self._measure(shape, arrays, events)
+
+    def _measure(self, shape, arrays, events):
         try:
             if events:
                 cl.wait_for_events(events)
