@@ -137,17 +137,17 @@ class OnlineTuning:
         """Count one product; start the measurement when the trigger is reached."""
         self.calls += 1
         if self.state == "waiting" and self.calls >= self.trigger:
-            # On a queue of its own, so that the caller's next wait does not include the
-            # read-back: kernels only read the matrix, and update_values returns only
-            # once its values are on the device.
-            queue = cl.CommandQueue(impl.device.context, impl.device.cl_device)
-            arrays, events = snapshot(impl, queue)
+            # The read-back happens in the thread, on a queue of its own: a read into
+            # pageable memory returns only when done on NVIDIA (10-20 ms at 20M
+            # non-zeros), which the caller's product must not wait for.  Kernels only
+            # read the matrix; values updated during the read reach the winner anyway
+            # (the version is taken first, and a newer one makes the operator apply
+            # them), and the candidates and their reference share the snapshot.
             self.values_version = values_version
             _running.add(self)
             self.state = "running"
             self.started = time.time()
-            self._thread = threading.Thread(target=self._run,
-                                            args=(impl.shape, arrays, events),
+            self._thread = threading.Thread(target=self._run, args=([impl],),
                                             name="pyspmv_cl-online-tuning", daemon=True)
             self._thread.start()
 
@@ -193,12 +193,17 @@ class OnlineTuning:
         self._stop = True
 
     # -- the background thread -----------------------------------------------------------
-    def _run(self, shape, arrays, events):
+    def _run(self, holder):
         with _switch_interval:
-            self._measure(shape, arrays, events)
+            self._measure(holder)
 
-    def _measure(self, shape, arrays, events):
+    def _measure(self, holder):
         try:
+            impl = holder.pop()   # the only reference here: dropped after the read-back
+            queue = cl.CommandQueue(impl.device.context, impl.device.cl_device)
+            arrays, events = snapshot(impl, queue)
+            shape = impl.shape
+            del impl   # the operator may switch away and free it
             if events:
                 cl.wait_for_events(events)
             indptr, indices, data = arrays
