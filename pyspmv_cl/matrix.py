@@ -23,6 +23,12 @@ def _is_device_array(obj):
     return isinstance(obj, cla.Array)
 
 
+def _memory_root(buf):
+    """The buffer a sub-buffer was cut from, else the buffer itself (OpenCL has no
+    sub-buffers of sub-buffers): two arrays on one root may share memory."""
+    return buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT) or buf
+
+
 class SpMV:
     """A sparse matrix stored on an OpenCL device in one format, ready to multiply.
 
@@ -114,6 +120,9 @@ class SpMV:
         self._staging = {}
         self._lock = threading.RLock()
         self._queue_in_order = in_order(self.queue)   # a driver query: once, not per call
+        # On an out-of-order queue: the last event of the latest product, which the next
+        # one waits for (products share the staging buffers and the formats' scratch).
+        self._previous = None
         # The pattern, for update_values (references: no copy of the caller's arrays;
         # a matrix given on the device is read back only if update_values needs it).
         self._structure_source = csr
@@ -147,8 +156,9 @@ class SpMV:
         """Return ``alpha * A @ x + beta * out`` (stored into ``out`` when given).
 
         ``x`` and ``out`` may be numpy arrays (host) or pyopencl arrays on this
-        operator's context (they stay on the device; the call then returns without
-        waiting, ordered by the arrays' events).  With ``beta == 0`` the old contents of
+        operator's context, contiguous and at offset 0 of their buffer (they stay on
+        the device; the call then returns without waiting, ordered by the arrays'
+        events).  ``out`` may be ``x`` or overlap it.  With ``beta == 0`` the old contents of
         ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; a host ``x`` of shape
         ``(n, k)`` is multiplied column by column.
         """
@@ -193,10 +203,21 @@ class SpMV:
             self._staging[role] = buf
         return buf
 
+    def _after_previous(self, wait_for):
+        """``wait_for`` plus, on an out-of-order queue, the previous product's end: it
+        may still read the staging buffers or the format's scratch arrays (carries
+        between kernels) that this product writes."""
+        if self._previous is None:
+            return wait_for
+        return [*(wait_for or ()), self._previous]
+
     def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None):
         if self._online is not None:
             self._poll_online()
-        event = self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta, wait_for=wait_for)
+        event = self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta,
+                                   wait_for=self._after_previous(wait_for))
+        if not self._queue_in_order:
+            self._previous = event
         if self._online is not None:
             self._online.note_call(self._impl, self._values_version)
         return event
@@ -269,6 +290,10 @@ class SpMV:
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
             self._check_out(out, expected)
         if x.ndim == 2 and x.shape[1] != 1:
+            if out is not None and np.may_share_memory(x, out):
+                # Column j of out is written before column j + 1 of x is read: a view
+                # of out overlapping x's later columns would change them first.
+                x = x.copy()
             result = out if out is not None else np.empty(expected, dtype=self.dtype)
             for j in range(x.shape[1]):  # one SpMV per column
                 self._matvec_host(x[:, j], result[:, j], alpha, beta)
@@ -333,12 +358,15 @@ class SpMV:
         out_ordered = ordered and out.queue is self.queue
         wait_for = (([] if x_ordered else list(x.events))
                     + ([] if out_ordered else list(out.events))) or None
-        if x_buf.int_ptr == y_buf.int_ptr and x.size:
-            # out is x (in place): the kernels would read x while writing it.  Multiply
-            # a copy of x instead (both start at offset 0 of the one buffer).
+        if x.size and (x_buf.int_ptr == y_buf.int_ptr or
+                       _memory_root(x_buf).int_ptr == _memory_root(y_buf).int_ptr):
+            # out is x (in place), or x and out are a buffer and its sub-buffer, or two
+            # sub-buffers of one buffer: the kernels would read x while writing it (and
+            # OpenCL leaves a kernel writing a buffer and reading its sub-buffer
+            # undefined).  Multiply a copy of x instead (x starts at its buffer's start).
             copy = self._staging_buffer("x_alias", self.shape[1])
             wait_for = [cl.enqueue_copy(self.queue, copy, x_buf, byte_count=x.nbytes,
-                                        wait_for=wait_for)]
+                                        wait_for=self._after_previous(wait_for))]
             x_buf = copy
         event = self._launch(x_buf, y_buf, alpha, beta, wait_for=wait_for)
         # Arrays on this in-order queue need no event: whatever comes next on it waits
@@ -373,6 +401,8 @@ class SpMV:
             self._update_values(data)
 
     def _update_values(self, data):
+        if self._previous is not None:   # out-of-order queue: products before the update
+            self._previous.wait()        # must not see the new values
         self._values_version += 1
         if self._online is not None:   # the winner will need these values too
             self._latest_values = np.array(data, dtype=self.dtype)
