@@ -118,9 +118,9 @@ def upload(queue, array: np.ndarray) -> cl.Buffer:
 
 
 def _buffer_of(arr, context) -> cl.Buffer:
-    """The buffer of a device array (a one-element one for an empty array)."""
+    """The buffer of a device array (a one-byte one for an empty array)."""
     if arr.size == 0 or arr.base_data is None:
-        return cl.Buffer(context, cl.mem_flags.READ_ONLY, max(1, arr.dtype.itemsize))
+        return cl.Buffer(context, cl.mem_flags.READ_ONLY, 1)   # as upload_all's
     return arr.base_data
 
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
 from ..errors import FormatNotSuitableError, InvalidParameterError
+from . import ell_device
 from . import params as P
 from .base import (
     SpMVFormat,
@@ -158,6 +159,8 @@ class ELL(SpMVFormat):
     template = "ell.mako"
     params = (P.work_group_size(), MAX_PADDING)
     may_refuse = True
+    converts_on_device = True
+    host_input_on_device = True   # GPUs: 20M non-zeros, 0.47 s on the H200's host
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -186,9 +189,18 @@ class ELL(SpMVFormat):
     def kernel_specs(self):
         return [ELL_KERNEL]
 
+    def programs(self):
+        conversion = [ell_device.program(1)] if self.converting_on_device else []
+        return [*super().programs(), *conversion]
+
     def convert(self, csr):
         col_idx, values = ell_arrays(csr, self.width, self.row_align, self.index_dtype,
                                      self.dtype)
+        return {"col_idx": col_idx, "values": values}
+
+    def convert_device(self, csr):
+        col_idx, values = ell_device.scatter(self, csr, self.width * self.stride,
+                                             self.stride)
         return {"col_idx": col_idx, "values": values}
 
     def launches(self, beta):
