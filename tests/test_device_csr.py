@@ -148,28 +148,37 @@ def test_sell_converts_on_the_device_to_the_host_conversion_s_arrays(case, param
         assert_close(op @ x, reference(A, x), A, x, np.float32)
 
 
-@pytest.mark.parametrize("fmt, params", [("ell", {}), ("ellr-t", {"T": 1}), ("ellr-t", {"T": 4}),
-                                         ("ellr-t", {})])
+PADDED = {"max_padding": float("inf")}
+
+
+@pytest.mark.parametrize("fmt, params", [
+    ("ell", PADDED), ("ellr-t", {"T": 1, **PADDED}), ("ellr-t", {"T": 4, **PADDED}),
+    ("ellr-t", PADDED), ("coo", {}), ("coo", {"layout": "contiguous"}),
+    ("coo", {"layout": "interleaved", "work_group_size": 32, "items_per_thread": 3})])
 @pytest.mark.parametrize("case", ["empty_rows", "row_length_sweep", "duplicates_coo", "0x0",
                                   "m_x_0"])
-def test_ell_family_converts_on_the_device_to_the_host_conversion_s_arrays(
+def test_formats_convert_on_the_device_to_the_host_conversion_s_arrays(
         fmt, params, case, device, rng, monkeypatch):
-    """ell and ellr-t convert a device matrix (and, on a GPU, a host one) on the device,
-    to exactly the arrays of their host conversion, without reading it back."""
+    """ell, ellr-t and coo convert a device matrix (and, on a GPU, a host one) on the
+    device, to exactly the arrays of their host conversion, without reading it back."""
     A = sp.csr_matrix(CASES[case](rng))
-    kw = {"max_padding": float("inf"), **params}
-    on_host = psc.SpMV(A, format=fmt, dtype=np.float32, device=device, **kw)
+    kw = dict(params)
 
     def refuse(*args, **kwargs):
         raise AssertionError("read the matrix back to the host")
 
-    monkeypatch.setattr(psc.device_inputs.DeviceCSR, "to_host", refuse)
     gpu = device.override(device_type="gpu")
-    for op in (psc.SpMV(on_device(device.queue, A), shape=A.shape, format=fmt,
+    with monkeypatch.context() as patch:
+        patch.setattr(psc.device_inputs.DeviceCSR, "to_host", refuse)
+        ops = [psc.SpMV(on_device(device.queue, A), shape=A.shape, format=fmt,
                         dtype=np.float32, device=device, **kw),
-               psc.SpMV(A, format=fmt, dtype=np.float32, device=gpu,
-                        **dict(kw, T=on_host.params["T"]) if fmt == "ellr-t" else kw)):
+               psc.SpMV(A, format=fmt, dtype=np.float32, device=gpu, **kw)]
+    for op in ops:
         assert op._impl.converting_on_device
+        # The host conversion with the same parameters, on the real (CPU) device.
+        on_host = psc.SpMV(A, format=fmt, dtype=np.float32, device=device,
+                           **{**kw, **op.params})
+        assert not on_host._impl.converting_on_device
         assert set(op._impl.buffers) == set(on_host._impl.buffers)
         for name in on_host._impl.buffers:
             dtype = np.float32 if name == "values" else on_host._impl.index_dtype

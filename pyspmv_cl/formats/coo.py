@@ -10,6 +10,7 @@ and allocates.
 """
 
 import numpy as np
+import pyopencl.array as cla
 
 from ..codegen import (
     ALPHA_ARG,
@@ -55,6 +56,21 @@ COO_KERNELS = (
     KernelSpec("coo_empty_rows", (
         scalar("n_empty", "ulong"), matrix("empty_rows", "index_t"), Y_ARG, BETA_ARG)),
 )
+
+#: The kernels of templates/coo_convert.mako (conversion on the device).
+COO_CONVERT_KERNELS = (
+    KernelSpec("coo_expand", (
+        scalar("n_rows", "long"), scalar("group", "long"), scalar("items", "long"),
+        matrix("csr_row_ptr", "index_t"), matrix("csr_col_idx", "index_t"),
+        matrix("csr_values", "real_t"), scratch("rows_out", "index_t"),
+        scratch("cols_out", "index_t"), scratch("values_out", "real_t"))),
+    KernelSpec("coo_pad", (
+        scalar("nnz", "long"), scalar("n_total", "long"), scalar("group", "long"),
+        scalar("items", "long"), scalar("last_row", "index_t"), scratch("rows_out", "index_t"),
+        scratch("cols_out", "index_t"), scratch("values_out", "real_t"))),
+)
+#: Work-items per group of the conversion kernels.
+CONVERT_GROUP = 64
 
 #: The chunk geometry parameters (``hyb`` declares them too, optional there).
 ITEMS_PER_THREAD = P.Param("items_per_thread", P.positive_int(),
@@ -163,6 +179,11 @@ class COOPart:
             "items_per_thread": p["items_per_thread"], "layout": p["layout"],
             "scan": p["scan"], "pos_t": c_type(self.pos_dtype)}, group_param=self.group_param)
 
+    def conversion_program(self):
+        """The program that lays the arrays out on the device (device_arrays)."""
+        return ProgramSpec("coo_convert.mako", COO_CONVERT_KERNELS,
+                           {"layout": self.owner.params["layout"]})
+
     def type_names(self):
         return {"pos_t": self.pos_dtype}
 
@@ -190,6 +211,39 @@ class COOPart:
         out = {"rows": rows, "cols": cols, "values": values}
         if self.n_empty:
             out["empty_rows"] = np.flatnonzero(self.row_lengths == 0).astype(idx)
+        del self.row_lengths
+        return {self.prefix + k: v for k, v in out.items()}
+
+    def device_arrays(self, csr):
+        """The arrays of :meth:`host_arrays`, identical, made on the device from a
+        DeviceCSR (only the empty-row list is computed on the host, from indptr)."""
+        owner, queue = self.owner, self.owner.device.queue
+        idx = owner.index_dtype
+        n_total = self.n_groups * self.chunk if owner.params["layout"] == "interleaved" \
+            else self.nnz
+        out = {name: cla.empty(queue, max(1, n_total), dtype) for name, dtype in
+               (("rows", idx), ("cols", idx), ("values", owner.dtype))}
+        if self.nnz:
+            wg = min(CONVERT_GROUP, owner.profile.max_work_group_size)
+            geometry = {"group": self.work_group_size, "items": self.items_per_thread,
+                        "rows_out": out["rows"].base_data, "cols_out": out["cols"].base_data,
+                        "values_out": out["values"].base_data}
+            steps = [owner.step(
+                "coo_expand", round_up(self.n_rows, wg), wg, n_rows=self.n_rows,
+                csr_row_ptr=csr.as_type("indptr", idx, queue).base_data,
+                csr_col_idx=csr.as_type("indices", idx, queue).base_data,
+                csr_values=csr.as_type("data", owner.dtype, queue).base_data, **geometry)]
+            if n_total > self.nnz:
+                last_row = int(np.flatnonzero(self.row_lengths)[-1])
+                steps.append(owner.step("coo_pad", round_up(n_total - self.nnz, wg), wg,
+                                        nnz=self.nnz, n_total=n_total, last_row=last_row,
+                                        **geometry))
+            owner.run_now(queue, steps)   # done before any product
+        if n_total == 0:
+            out = {name: arr[:0] for name, arr in out.items()}
+        if self.n_empty:
+            out["empty_rows"] = cla.to_device(
+                queue, np.flatnonzero(self.row_lengths == 0).astype(idx))
         del self.row_lengths
         return {self.prefix + k: v for k, v in out.items()}
 
@@ -226,6 +280,8 @@ class COO(SpMVFormat):
     name = "coo"
     order = 2
     template = "coo.mako"
+    converts_on_device = True
+    host_input_on_device = True   # GPUs: the row expansion and layout on the device
     params = (P.work_group_size(), ITEMS_PER_THREAD, LAYOUT, SCAN)
 
     @classmethod
@@ -247,7 +303,10 @@ class COO(SpMVFormat):
         self.part.analyse(csr)
 
     def programs(self):
-        return [self.part.program()] if self.part.active else []
+        if not self.part.active:
+            return []
+        conversion = [self.part.conversion_program()] if self.converting_on_device else []
+        return [self.part.program(), *conversion]
 
     def local_bytes(self, work_group_size):
         return self.part.local_bytes(work_group_size)
@@ -257,6 +316,9 @@ class COO(SpMVFormat):
 
     def convert(self, csr):
         return self.part.host_arrays(csr)
+
+    def convert_device(self, csr):
+        return self.part.device_arrays(csr)
 
     def scratch_sizes(self):
         return self.part.scratch_sizes()
