@@ -175,8 +175,10 @@ def test_formats_convert_on_the_device_to_the_host_conversion_s_arrays(
                psc.SpMV(A, format=fmt, dtype=np.float32, device=gpu, **kw)]
     for op in ops:
         assert op._impl.converting_on_device
-        # The host conversion with the same parameters, on the real (CPU) device.
-        on_host = psc.SpMV(A, format=fmt, dtype=np.float32, device=device,
+        # The host conversion with the same parameters (a CPU-typed profile: GPUs
+        # convert a host matrix on the device too).
+        host_side = device.override(device_type="cpu") if device.profile.is_gpu else device
+        on_host = psc.SpMV(A, format=fmt, dtype=np.float32, device=host_side,
                            **{**kw, **op.params})
         assert not on_host._impl.converting_on_device
         assert set(op._impl.buffers) == set(on_host._impl.buffers)
