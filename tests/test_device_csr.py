@@ -129,7 +129,7 @@ def test_sell_converts_on_the_device_to_the_host_conversion_s_arrays(case, param
     """sell's device-side conversion (from a device matrix, and from a host one on a
     GPU) gives exactly the arrays of its host conversion."""
     A = sp.csr_matrix(CASES[case](rng))
-    on_host = psc.SpMV(A, format="sell", dtype=np.float32, device=device, **params)
+    host_side = device.override(device_type="cpu") if device.profile.is_gpu else device
     gpu = device.override(device_type="gpu")
     for op in (psc.SpMV(on_device(device.queue, A), shape=A.shape, format="sell",
                         dtype=np.float32, device=device, **params),
@@ -139,6 +139,10 @@ def test_sell_converts_on_the_device_to_the_host_conversion_s_arrays(case, param
         if op is None:
             continue
         assert op._impl.converting_on_device
+        # The host conversion with the same parameters (see the test below).
+        on_host = psc.SpMV(A, format="sell", dtype=np.float32, device=host_side,
+                           **op.params)
+        assert not on_host._impl.converting_on_device
         assert set(op._impl.buffers) == set(on_host._impl.buffers)
         for name in on_host._impl.buffers:
             dtype = np.float32 if name == "values" else on_host._impl.index_dtype
