@@ -69,24 +69,36 @@ def sort_permutation(row_lengths, sigma):
         return np.arange(m, dtype=np.int64)
     longest = int(row_lengths.max())
     key = (np.arange(m, dtype=np.int64) // window) * (longest + 1) + (longest - row_lengths)
+    # The narrowest key type: numpy's stable sort is a radix sort up to 16 bits, and a
+    # narrower merge sort otherwise (5M rows: 0.35-0.42 s -> 0.11-0.19 s).
+    biggest = int(key[-1]) + longest   # the last window's ids are the largest
+    for narrow in (np.int16, np.int32):
+        if biggest <= np.iinfo(narrow).max:
+            key = key.astype(narrow)
+            break
     return np.argsort(key, kind="stable")
 
 
 def padded_size(row_lengths, slice_height, sigma):
-    """Slots (entries + padding) SELL-C-σ needs, without building the permutation."""
+    """Slots (entries + padding) SELL-C-σ needs, without building the permutation.
+
+    A slice's width is its first row's length once the window is sorted (windows
+    are whole slices: σ is 1, a multiple of C, or every row), so only every C-th
+    sorted length is summed: no copy of the sorted lengths (5M rows: 180 -> 60 ms)."""
     m, C = row_lengths.size, slice_height
-    n_slices = -(-m // C)
     window = _window(sigma, m)
-    lengths = row_lengths.astype(np.int64)
-    if window > 1 and m:
-        n_windows = -(-m // window)
-        grid = np.full(n_windows * window, -1, dtype=np.int64)  # -1: rows past m sort last
-        grid[:m] = lengths
-        lengths = np.sort(grid.reshape(n_windows, window), axis=1)[:, ::-1].ravel()
-    padded = np.zeros(n_slices * C, dtype=np.int64)
-    count = min(lengths.size, padded.size)
-    padded[:count] = np.maximum(lengths[:count], 0)
-    return int(padded.reshape(n_slices, C).max(axis=1, initial=0).sum()) * C
+    if m == 0:
+        return 0
+    if window == 1:   # unsorted: the longest row of each slice
+        padded = np.zeros(-(-m // C) * C, dtype=np.int64)
+        padded[:m] = row_lengths
+        return int(padded.reshape(-1, C).max(axis=1).sum()) * C
+    n_windows = -(-m // window)
+    dtype = np.int32 if int(row_lengths.max(initial=0)) < 2**31 - 1 else np.int64
+    grid = np.full(n_windows * window, -1, dtype=dtype)  # -1: rows past m sort last
+    grid[:m] = row_lengths
+    descending = np.sort(grid.reshape(n_windows, window), axis=1)[:, ::-1]
+    return int(np.maximum(descending[:, ::C], 0).sum(dtype=np.int64)) * C
 
 
 def auto_sigma(row_lengths, slice_height):
