@@ -7,9 +7,22 @@ import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 
+from .adjoint import (
+    TransposedCopy,
+    TransposedView,
+    check_block,
+    check_operands,
+    linear_operator,
+    rmatmul,
+)
 from .device import get_device
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
-from .errors import InvalidInputError, UnknownParameterError, UnsupportedDtypeError
+from .errors import (
+    DeviceCapabilityError,
+    InvalidInputError,
+    UnknownParameterError,
+    UnsupportedDtypeError,
+)
 from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
@@ -64,9 +77,17 @@ class SpMV:
     Attributes: ``format``, ``params``, ``explanation`` (with ``format="auto"``: what
     was chosen and why, with the measured times), ``tuning`` (the tuner's decision:
     ``source`` is "model", "measured" or "database"; ``tuning_seconds``), ``nbytes``
-    (device footprint of the matrix), ``shape``, ``dtype``, ``device``,
-    ``conversion_time`` (seconds spent converting and uploading), ``build_time``
-    (seconds spent getting the compiled kernel: near zero from the kernel cache).
+    (device footprint: the matrix, plus the value map of ``update_values`` and the
+    transposed copy once made; ``nbytes_parts`` splits it), ``shape``, ``dtype``,
+    ``device``, ``conversion_time`` (seconds spent converting and uploading),
+    ``build_time`` (seconds spent getting the compiled kernel: near zero from the
+    kernel cache), ``T`` and ``H`` (A^T and A^H as operators; the same for real
+    values), ``transposed`` (the operator of A^T once a transposed product made it).
+
+    Result types follow numpy's promotion: ``op @ x`` has dtype
+    ``numpy.result_type(op.dtype, x.dtype)`` (float64 for a float64 or int32/int64
+    ``x`` with a float32 operator), computed by the operator's kernel in ``op.dtype``
+    (``x`` rounded to it first) and cast; see ``matvec``.
 
     One operator may be shared by several threads: its products and value updates
     run one at a time (a lock per operator), as they would on the device's queue.
@@ -74,6 +95,9 @@ class SpMV:
 
     def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
                  expected_calls=None, tune_budget=None, **params):
+        # The caller's request, for the transposed copy's format (adjoint.py).
+        self._request = {"format": format, "params": dict(params), "tune": tune,
+                         "expected_calls": expected_calls, "tune_budget": tune_budget}
         on_device = is_device_triple(A)
         if on_device and device is None and A[0].queue is not None:
             device = A[0].queue   # the arrays' own queue, not the default device
@@ -116,7 +140,6 @@ class SpMV:
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
         self.format = format
-        self.nbytes = self._impl.nbytes
         self._staging = {}
         self._lock = threading.RLock()
         self._queue_in_order = in_order(self.queue)   # a driver query: once, not per call
@@ -129,7 +152,10 @@ class SpMV:
         self._updater = None
         self._values_version = 0
         self._latest_values = None   # kept while an online tuning may still switch
+        self._host_values = None     # the last update's values, for a format without map
         self._online = self.tuning.online if self.tuning is not None else None
+        self._transposed = None      # adjoint.TransposedCopy, made by the first A^T product
+        self._transposed_view = None
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -140,14 +166,38 @@ class SpMV:
     def queue(self):
         return self.device.queue
 
+    @property
+    def nbytes_parts(self) -> dict:
+        """Device bytes by what they hold: ``matrix`` (the format's arrays and scratch),
+        ``value_map`` (``update_values``' slot map, made by the first update) and
+        ``transposed`` (the copy of A^T made by the first transposed product, its own
+        value map included)."""
+        updater = self._updater
+        copy = self._transposed
+        return {"matrix": self._impl.nbytes,
+                "value_map": updater.nbytes if updater is not None
+                and updater.fmt is self._impl else 0,
+                "transposed": copy.operator.nbytes if copy is not None else 0}
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes this operator holds (the sum of ``nbytes_parts``)."""
+        return sum(self.nbytes_parts.values())
+
     def __repr__(self):
         m, n = self.shape
         return (f"<pyspmv_cl.SpMV {m}x{n} {self.dtype} format={self.format!r} "
                 f"params={self.params} on {self.device.profile.name!r}>")
 
     # -- multiplication --------------------------------------------------------------
+    __array_ufunc__ = None   # numpy defers to us: x @ op comes to __rmatmul__
+
     def __matmul__(self, x):
         return self.matvec(x)
+
+    def __rmatmul__(self, x):
+        """``x @ op``: ``op.T @ x`` for a vector, ``(op.T @ x.T).T`` for rows."""
+        return rmatmul(self, x)
 
     def dot(self, x):
         return self.matvec(x)
@@ -161,6 +211,16 @@ class SpMV:
         events).  ``out`` may be ``x`` or overlap it.  With ``beta == 0`` the old contents of
         ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; a host ``x`` of shape
         ``(n, k)`` is multiplied column by column.
+
+        Types (numpy's promotion): without ``out`` the result has dtype
+        ``numpy.result_type(op.dtype, x.dtype)``.  The kernel always computes in
+        ``op.dtype``: ``x`` is rounded to it first and the result cast, so a float64
+        ``x`` with a float32 operator gives a float64 array of float32 accuracy (build
+        the operator with ``dtype=numpy.float64`` for float64 accuracy).  A given
+        ``out`` may be any float type (host) and receives the result cast, as numpy's
+        ``out=`` does.  Device arrays must be float32 or float64: one of the other
+        type is cast on the device (a temporary and one copy kernel per call; keep
+        them in ``op.dtype`` to avoid it).
         """
         alpha = check_real_scalar("alpha", alpha)
         beta = check_real_scalar("beta", beta)
@@ -173,6 +233,67 @@ class SpMV:
             if _is_device_array(x):
                 return self._matvec_device(x, out, alpha, beta)
             return self._matvec_host(x, out, alpha, beta)
+
+    def matmat(self, X, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A @ X + beta * out`` for a 2-D ``X`` of shape ``(n, k)``, one
+        product per column (a multi-vector kernel, reading A once for all columns, is
+        separate work).  Types and arguments as in ``matvec``."""
+        check_block(X, "matmat")
+        return self.matvec(X, out=out, alpha=alpha, beta=beta)
+
+    # -- transposed products -----------------------------------------------------------
+    @property
+    def T(self):
+        """A^T as an operator (``op.T @ x``, ``op.T.matvec(x, out, alpha, beta)``,
+        ``op.T.T is op``).  Its products run on the transposed copy (see
+        ``rmatvec``)."""
+        if self._transposed_view is None:
+            self._transposed_view = TransposedView(self)
+        return self._transposed_view
+
+    @property
+    def H(self):
+        """A^H, the conjugate transpose: ``op.T`` itself for real values."""
+        return self.T
+
+    @property
+    def transposed(self):
+        """The operator of A^T (an ``SpMV``: ``format``, ``params``, ``nbytes``,
+        ``explanation``) once a transposed product made it, else None."""
+        copy = self._transposed
+        return copy.operator if copy is not None else None
+
+    def build_transposed(self):
+        """Make the transposed copy now rather than at the first transposed product,
+        and return its operator (see ``rmatvec``)."""
+        with self._lock:
+            if self._transposed is None:
+                self._transposed = TransposedCopy(self, type(self))
+            return self._transposed.operator
+
+    def rmatvec(self, x, out=None, alpha=1.0, beta=0.0):
+        """Return ``alpha * A^H @ x + beta * out`` (``A^T`` for real values), with the
+        arguments, device arrays and types of ``matvec``; ``x`` has ``m`` entries.
+
+        The first call builds a transposed copy: the operator's values are read back
+        from the device, A^T is made on the host by a stable sort of the column indices
+        and converted into a second operator on the same device and dtype, in the
+        caller's format when it fixed one that takes A^T (else ``format="auto"``).
+        That costs one conversion and the memory of a second matrix (``nbytes`` grows;
+        ``nbytes_parts["transposed"]``); products then run as fast as ``matvec`` and
+        stay deterministic (no atomics).  ``update_values`` keeps the copy in step.
+        """
+        alpha = check_real_scalar("alpha", alpha)
+        beta = check_real_scalar("beta", beta)
+        check_operands(self.T, x, out, beta, "rmatvec")
+        with self._lock:   # A and A^T in step: update_values holds it as well
+            return self.build_transposed().matvec(x, out=out, alpha=alpha, beta=beta)
+
+    def rmatmat(self, X, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A^H @ X + beta * out`` for a 2-D ``X`` of shape ``(m, k)``, column by
+        column (see ``matmat`` and ``rmatvec``)."""
+        check_block(X, "rmatmat")
+        return self.rmatvec(X, out=out, alpha=alpha, beta=beta)
 
     # -- helpers -------------------------------------------------------------------------
     def _check_vector_dtype(self, name, dtype):
@@ -238,7 +359,6 @@ class SpMV:
                 ValueUpdater(impl, self._structure).update(self.queue, self._latest_values)
             self._impl = impl
             self.format = fmt
-            self.nbytes = impl.nbytes
             self._updater = None
             if not done:
                 self.explanation += (f"; switched to {fmt} after {tuning.calls} products, "
@@ -279,6 +399,7 @@ class SpMV:
         self._check_vector_dtype("x", x.dtype)
         self._check_x_shape(x.shape)
         expected = self._out_shape(x.shape)
+        result_dtype = np.result_type(self.dtype, x.dtype)   # numpy's promotion
         if out is not None:
             if _is_device_array(out):
                 return self._matvec_device(cla.to_device(self.queue, np.ascontiguousarray(
@@ -294,7 +415,7 @@ class SpMV:
                 # Column j of out is written before column j + 1 of x is read: a view
                 # of out overlapping x's later columns would change them first.
                 x = x.copy()
-            result = out if out is not None else np.empty(expected, dtype=self.dtype)
+            result = out if out is not None else np.empty(expected, dtype=result_dtype)
             for j in range(x.shape[1]):  # one SpMV per column
                 self._matvec_host(x[:, j], result[:, j], alpha, beta)
             return result
@@ -302,7 +423,7 @@ class SpMV:
         m, n = self.shape
         y_host = np.empty(m, dtype=self.dtype)
         if m == 0:
-            return out if out is not None else y_host.reshape(expected)
+            return out if out is not None else np.empty(expected, dtype=result_dtype)
         x_buf = self._staging_buffer("x", n)
         y_buf = self._staging_buffer("y", m)
         queue = self.queue
@@ -319,18 +440,26 @@ class SpMV:
         event = self._launch(x_buf, y_buf, alpha, beta, wait_for=uploads)
         cl.enqueue_copy(queue, y_host, y_buf, wait_for=[event], is_blocking=True)
         if out is None:
-            return y_host.reshape(expected)
+            return y_host.reshape(expected).astype(result_dtype, copy=False)
         out[...] = y_host.reshape(expected)
         return out
+
+    def _check_device_dtype(self, arr, name):
+        dtype = arr.dtype
+        if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+            raise UnsupportedDtypeError(
+                f"device-resident {name} has dtype {dtype}; device arrays must be float32 "
+                f"or float64 (the operator computes in {self.dtype}): convert it on the "
+                f"device with {name}.astype(numpy.{self.dtype})")
+        if dtype.itemsize == 8 and not self.device.profile.fp64:
+            raise DeviceCapabilityError(
+                f"device-resident {name} is float64, but {self.device.profile.name!r} has "
+                "no double precision to convert it: use float32 arrays")
 
     def _device_buffer(self, arr, name):
         if arr.context != self.device.context:
             raise InvalidInputError(f"{name} lives on another OpenCL context than this operator "
                              f"({self.device!r}); create it with op.queue or op.device.context")
-        if arr.dtype != self.dtype:
-            raise UnsupportedDtypeError(
-                f"{name} has dtype {arr.dtype} but the operator computes in {self.dtype}; "
-                f"convert it on the device with {name}.astype(numpy.{self.dtype})")
         if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous):
             raise InvalidInputError(f"{name} must be contiguous on the device")
         if arr.size == 0 or arr.base_data is None:
@@ -344,15 +473,19 @@ class SpMV:
         if x.ndim == 2 and x.shape[1] != 1:
             raise InvalidInputError("device-resident x must be 1-D or (n, 1)")
         expected = self._out_shape(x.shape)
+        self._check_device_dtype(x, "x")
         x_buf = self._device_buffer(x, "x")
         if out is None:
-            out = cla.empty(self.queue, expected, self.dtype)
+            out = cla.empty(self.queue, expected, np.result_type(self.dtype, x.dtype))
         elif not _is_device_array(out):
             raise TypeError("with a device-resident x, out must be a pyopencl array too")
         self._check_out(out, expected)
+        self._check_device_dtype(out, "out")
         y_buf = self._device_buffer(out, "out")
         if self.shape[0] == 0:
             return out
+        if x.dtype != self.dtype or out.dtype != self.dtype:
+            return self._matvec_device_cast(x, out, alpha, beta)
         ordered = self._queue_in_order
         x_ordered = ordered and x.queue is self.queue
         out_ordered = ordered and out.queue is self.queue
@@ -376,6 +509,38 @@ class SpMV:
             out.add_event(event)
         if not x_ordered:
             x.add_event(event)
+        return out
+
+    def _matvec_device_cast(self, x, out, alpha, beta):
+        """The device product with x or out of the other float type: through
+        temporaries in the operator's dtype, cast by pyopencl's copy kernel."""
+        queue, events = self.queue, []
+
+        def cast(dest, src, wait_for):
+            if dest.size:
+                event = cla.Array._copy(dest, src, queue=queue, wait_for=wait_for or None)
+                events.append(event)
+                return [event]
+            return list(wait_for)
+
+        x_work, wait_for = x, list(x.events)
+        if x.dtype != self.dtype:
+            x_work = cla.empty(queue, x.shape, self.dtype)
+            wait_for = cast(x_work, x, x.events)
+        y_work = out
+        if out.dtype != self.dtype:
+            y_work = cla.empty(queue, out.shape, self.dtype)
+            if beta != 0:
+                wait_for += cast(y_work, out, out.events)
+        else:
+            wait_for += list(out.events)
+        event = self._launch(self._device_buffer(x_work, "x"),
+                             self._device_buffer(y_work, "out"), alpha, beta,
+                             wait_for=wait_for or None)
+        if y_work is not out:
+            event = cast(out, y_work, [event] + list(out.events))[0]
+        out.add_event(event)
+        x.add_event(event)   # a later write to x waits for the reads here
         return out
 
     @property
@@ -408,16 +573,20 @@ class SpMV:
             self._latest_values = np.array(data, dtype=self.dtype)
         if self._updater is None or self._updater.fmt is not self._impl:
             self._updater = ValueUpdater(self._impl, self._structure)
-            self.nbytes = self._impl.nbytes + self._updater.nbytes
         self._updater.update(self.queue, data)
+        if self._transposed is not None:
+            self._transposed.update_values(data)
+        elif self._updater.layout is None:   # no map to read them back with later
+            self._host_values = np.array(data, dtype=self.dtype)
 
     # -- interoperability -----------------------------------------------------------------
     def aslinearoperator(self):
-        """A ``scipy.sparse.linalg.LinearOperator`` whose matvec runs on the device."""
-        from scipy.sparse.linalg import LinearOperator
-
-        return LinearOperator(self.shape, matvec=self.matvec, matmat=self.matvec,
-                              dtype=self.dtype)
+        """A ``scipy.sparse.linalg.LinearOperator`` of dtype ``op.dtype`` whose
+        ``matvec``, ``rmatvec``, ``matmat``, ``rmatmat``, adjoint (``.H``) and transpose
+        (``.T``) run on the device: every scipy solver works on it (``cg``, ``gmres``,
+        ``bicg``, ``bicgstab``, ``lsqr``, ``lsmr``, ``eigsh``...).  The transposed
+        products build the transposed copy on first use (see ``rmatvec``)."""
+        return linear_operator(self)
 
 
 def _not_for_the_chosen_format(params, chosen, why):

@@ -15,7 +15,7 @@ LAYERS = [
      "inputs", "device_inputs"},
     {"formats"},
     {"tuning"},
-    {"matrix"},
+    {"matrix", "adjoint"},
     {"__init__", "__main__", "cli", "bench"},
 ]
 

@@ -302,6 +302,9 @@ class SpMVFormat:
     #: Whether a host matrix is better uploaded as CSR and converted on a GPU (the
     #: host conversion costing more than the upload and a kernel).
     host_input_on_device: typing.ClassVar[bool] = False
+    #: Whether the host conversion only casts the CSR arrays (the CSR kernels): as
+    #: cheap as an upload, never worth deferring.
+    host_conversion_is_cast: typing.ClassVar[bool] = False
 
     def convert_device(self, csr: DeviceCSR) -> dict:
         """Like ``convert``, for a matrix on the device: pyopencl arrays made on the
@@ -448,6 +451,20 @@ class SpMVFormat:
         return event
 
 
+def conversion_is_cheap(cls, csr, device) -> bool:
+    """Whether converting ``csr`` for ``cls`` costs about an upload: a cast of the CSR
+    arrays, or a conversion on the device."""
+    return cls.host_conversion_is_cast or converts_on_the_device(cls, csr, device)
+
+
+def converts_on_the_device(cls, csr, device) -> bool:
+    """Whether :func:`instantiate` converts ``csr`` for ``cls`` on the device: a device
+    matrix for a format that can, a host one where the format prefers it on a GPU."""
+    if isinstance(csr, DeviceCSR):
+        return cls.converts_on_device
+    return cls.converts_on_device and cls.host_input_on_device and device.profile.is_gpu
+
+
 def instantiate(cls, csr, device, dtype, params: dict) -> SpMVFormat:
     """``cls(csr, device, dtype, params)`` with the matrix where its conversion runs: a
     device matrix is read back for a format that converts on the host, and a host matrix
@@ -456,7 +473,7 @@ def instantiate(cls, csr, device, dtype, params: dict) -> SpMVFormat:
     if isinstance(csr, DeviceCSR):
         if not cls.converts_on_device:
             csr = csr.to_host(device.queue)
-    elif cls.host_input_on_device and device.profile.is_gpu:
+    elif converts_on_the_device(cls, csr, device):
         index = np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64
         csr = DeviceCSR.upload(csr, device.queue, index, dtype)
     moved = time.perf_counter() - start

@@ -16,6 +16,7 @@ class CSRFormatBase(SpMVFormat):
     matrix already on the device is copied and cast there."""
 
     converts_on_device = True
+    host_conversion_is_cast = True
 
     def convert(self, csr):
         return {

@@ -39,7 +39,7 @@ from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
 from ..formats import FORMATS
-from ..formats.base import instantiate
+from ..formats.base import conversion_is_cheap, instantiate
 from ..launching import launches_seconds
 from . import database, online
 from .heuristics import choose_format
@@ -489,7 +489,7 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
                               "database", kernel_seconds=chosen["kernel_seconds"],
                               tuning_seconds=time.perf_counter() - t0, entry=entry)
             if mode in ("auto", "online") and expected_calls is None \
-                    and not FORMATS[chosen["format"]].converts_on_device:
+                    and not conversion_is_cheap(FORMATS[chosen["format"]], csr, device):
                 return _database_handover(csr, features, device, dtype, user_params,
                                           stored, chosen)
             return stored

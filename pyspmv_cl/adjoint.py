@@ -1,0 +1,276 @@
+"""Transposed and conjugate-transposed products (``op.T``, ``op.H``, ``op.rmatvec``,
+``op.rmatmat``) and the scipy ``LinearOperator`` of an :class:`~pyspmv_cl.SpMV`.
+
+One design for every format: a transposed copy, built on first use.  The first
+transposed product reads the operator's current values back from the device (in CSR
+order, through the same slot map that ``update_values`` uses), transposes the CSR on
+the host with a stable sort of the column indices, and builds a second operator for
+A^T on the same device, queue and dtype.  Its format follows the caller's choice for
+A: the same format and parameters when the caller fixed one and it accepts A^T, else
+``format="auto"``.  The sort's permutation (A's CSR order -> A^T's CSR order) is kept on
+the host, so ``update_values`` hands each new value array on to the copy permuted.
+
+Why a copy and not a scatter kernel with atomics (y[col] += a * x[row] over A's
+entries): atomics make the summation order depend on scheduling, so results would no
+longer be deterministic; float atomics are missing on many OpenCL devices (and
+emulating them with compare-and-swap loops is slow under contention); and every
+format would need a second kernel.  The copy costs one conversion and the device memory
+of a second matrix (``op.nbytes`` counts it, ``op.nbytes_parts["transposed"]`` says how
+much) and then runs at the speed of an ordinary product.
+
+A matrix given as device arrays is read back once for this (its structure, like
+``update_values`` does, and the values the operator holds); the transpose itself runs
+on the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from .device_inputs import DeviceCSR
+from .errors import FormatNotSuitableError, InvalidInputError, InvalidParameterError
+from .formats.values import _layout
+
+
+def transpose_structure(indices, indptr, n_cols):
+    """``(perm, t_indices, t_indptr)`` of the transpose of the CSR pattern
+    ``(indices, indptr)`` with ``n_cols`` columns: entry ``k`` of A^T in CSR order is
+    entry ``perm[k]`` of A.  A stable sort of the column indices, so each row of A^T
+    lists its columns (A's rows) in increasing order, and duplicate entries stay apart
+    in their original order."""
+    indices = np.asarray(indices)
+    indptr = np.asarray(indptr, dtype=np.int64)
+    n_rows, nnz = indptr.size - 1, indices.size
+    wide = max(n_rows, n_cols, nnz) >= 2**31 - 1
+    idx = np.dtype(np.int64 if wide else np.int32)
+    perm = np.argsort(indices, kind="stable").astype(idx, copy=False)
+    rows = np.repeat(np.arange(n_rows, dtype=idx), np.diff(indptr))
+    t_indptr = np.zeros(n_cols + 1, dtype=idx)
+    np.cumsum(np.bincount(indices, minlength=n_cols), out=t_indptr[1:])
+    return perm, rows[perm], t_indptr
+
+
+def read_values(impl, structure, layout, queue) -> np.ndarray:
+    """The values ``impl`` computes with, in the CSR order of ``structure``, read from
+    the device through ``layout`` (``{array: (slots, sources)}``, as
+    ``formats.values`` makes it)."""
+    indices, _ = structure
+    values = np.empty(indices.size, dtype=impl.dtype)
+    reads = []
+    for name in layout:
+        host = np.empty(impl.value_array_sizes[name], dtype=impl.dtype)
+        if host.size:
+            cl.enqueue_copy(queue, host, impl.buffers[name], is_blocking=True)
+        reads.append((name, host))
+    for name, host in reads:
+        slots, sources = layout[name]
+        values[sources] = host[slots]
+    return values
+
+
+def current_values(op) -> np.ndarray:
+    """The operator's values in the CSR order of the matrix given (updates included),
+    read from the device: the caller's arrays may have changed since."""
+    impl = op._impl
+    updater = op._updater
+    if updater is not None and updater.fmt is impl:
+        layout = updater.layout
+    else:
+        layout = _layout(impl, op._structure)
+    if layout is not None:
+        return read_values(impl, op._structure, layout, op.queue)
+    # A format whose conversion merges or drops entries has no slot map: the values
+    # given last (update_values keeps a copy for such a format) or at construction.
+    if op._host_values is not None:
+        return op._host_values
+    source = op._structure_source
+    if isinstance(source, DeviceCSR):
+        return source.data.get(op.queue).astype(op.dtype)
+    return np.asarray(source.data, dtype=op.dtype)
+
+
+class TransposedCopy:
+    """The operator of A^T, and the permutation that keeps its values in step with A's
+    (see the module docstring)."""
+
+    def __init__(self, op, make):
+        start = time.perf_counter()
+        m, n = op.shape
+        structure = op._structure
+        values = current_values(op)
+        self.perm, t_indices, t_indptr = transpose_structure(structure[0], structure[1], n)
+        t_data = values[self.perm]
+        #: Seconds spent reading the values back and transposing on the host.
+        self.transpose_seconds = time.perf_counter() - start
+        request = op._request
+        triple, common = (t_data, t_indices, t_indptr), {
+            "dtype": op.dtype, "device": op.device, "shape": (n, m)}
+        fmt = request["format"]
+        if fmt == "auto":
+            self.operator = make(triple, "auto", tune=request["tune"],
+                                 expected_calls=request["expected_calls"],
+                                 tune_budget=request["tune_budget"], **common,
+                                 **request["params"])
+            why = f"format='auto' for A^T: {self.operator.explanation}"
+        else:
+            try:
+                self.operator = make(triple, fmt, **common, **request["params"])
+                why = f"{fmt}, the format given for A"
+            except (FormatNotSuitableError, InvalidParameterError) as exc:
+                self.operator = make(triple, "auto", **common)
+                why = (f"{fmt} refuses A^T ({exc}); format='auto' chose {self.operator.format}: "
+                       f"{self.operator.explanation}")
+        self.operator.explanation = (
+            f"transposed copy of a {m}x{n} operator, built on first use "
+            f"(read-back and host transpose {self.transpose_seconds:.3f} s, conversion "
+            f"{self.operator.conversion_time or 0.0:.3f} s); {why}")
+        #: Seconds the whole build took (read-back, transpose, conversion, upload).
+        self.seconds = time.perf_counter() - start
+
+    def update_values(self, data) -> None:
+        """New values of A (CSR order, checked) -> A^T's."""
+        self.operator.update_values(np.asarray(data)[self.perm])
+
+
+def check_operands(op, x, out, beta, name):
+    """The checks a product makes before it does anything (here: before a transposed
+    copy is built for a call that would fail anyway)."""
+    if beta != 0 and out is None:
+        raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return   # not an array yet: the product's own checks name the problem
+    m, n = op.shape
+    if len(shape) not in (1, 2) or shape[0] != n:
+        raise InvalidInputError(f"{name}: x has shape {tuple(shape)}; this {m}x{n} operator "
+                                f"needs ({n},) or ({n}, k)")
+
+
+def rmatmul(op, x):
+    """``x @ op`` for a vector (``op^T x``) or a block of rows (``(op^T x^T)^T``)."""
+    if not isinstance(x, cla.Array):
+        x = np.asarray(x)
+    if x.ndim == 1:
+        return op.T.matvec(x)
+    if x.ndim == 2:
+        return op.T.matmat(x.T).T
+    raise InvalidInputError(f"x @ op needs a 1-D or 2-D x, not shape {x.shape}")
+
+
+def check_block(X, name):
+    shape = getattr(X, "shape", None)
+    if shape is not None and len(shape) != 2:
+        raise InvalidInputError(f"{name} takes a 2-D block (one vector per column), not "
+                                f"shape {tuple(shape)}; use matvec/rmatvec for a vector")
+
+
+class TransposedView:
+    """``op.T`` (and ``op.H``, the same for real values): A^T as an operator.  Its
+    products run on ``op``'s transposed copy (built by the first one); ``.T`` gives
+    ``op`` back.  ``nbytes`` is ``op``'s (the copy included once built)."""
+
+    __array_ufunc__ = None   # x @ op.T with a numpy x comes to __rmatmul__
+
+    def __init__(self, op):
+        self.operator = op
+
+    @property
+    def shape(self):
+        m, n = self.operator.shape
+        return (n, m)
+
+    @property
+    def dtype(self):
+        return self.operator.dtype
+
+    @property
+    def device(self):
+        return self.operator.device
+
+    @property
+    def queue(self):
+        return self.operator.queue
+
+    @property
+    def nbytes(self):
+        return self.operator.nbytes
+
+    @property
+    def T(self):
+        return self.operator
+
+    H = T
+
+    def matvec(self, x, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A^T @ x + beta * out``: ``op.rmatvec``."""
+        return self.operator.rmatvec(x, out=out, alpha=alpha, beta=beta)
+
+    def rmatvec(self, x, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A @ x + beta * out``: ``op.matvec``."""
+        return self.operator.matvec(x, out=out, alpha=alpha, beta=beta)
+
+    def matmat(self, X, out=None, alpha=1.0, beta=0.0):
+        return self.operator.rmatmat(X, out=out, alpha=alpha, beta=beta)
+
+    def rmatmat(self, X, out=None, alpha=1.0, beta=0.0):
+        return self.operator.matmat(X, out=out, alpha=alpha, beta=beta)
+
+    def __matmul__(self, x):
+        return self.matvec(x)
+
+    def __rmatmul__(self, x):
+        return rmatmul(self, x)
+
+    def dot(self, x):
+        return self.matvec(x)
+
+    def aslinearoperator(self):
+        return linear_operator(self)
+
+    def __repr__(self):
+        m, n = self.shape
+        return f"<transposed view ({m}x{n}) of {self.operator!r}>"
+
+
+@functools.cache
+def _linear_operator_class():
+    # scipy.sparse.linalg costs ~0.15 s to import: only when asked for.
+    from scipy.sparse.linalg import LinearOperator
+
+    class DeviceLinearOperator(LinearOperator):
+        """A scipy LinearOperator whose products run on an OpenCL device."""
+
+        def __init__(self, op):
+            self.operator = op
+            super().__init__(dtype=op.dtype, shape=op.shape)
+
+        def _matvec(self, x):
+            return self.operator.matvec(x)
+
+        def _rmatvec(self, x):
+            return self.operator.rmatvec(x)
+
+        def _matmat(self, X):
+            return self.operator.matmat(X)
+
+        def _rmatmat(self, X):
+            return self.operator.rmatmat(X)
+
+        def _adjoint(self):
+            return DeviceLinearOperator(self.operator.H)
+
+        def _transpose(self):
+            return DeviceLinearOperator(self.operator.T)
+
+    return DeviceLinearOperator
+
+
+def linear_operator(op):
+    """``op`` as a ``scipy.sparse.linalg.LinearOperator`` (matvec, rmatvec, matmat,
+    rmatmat, adjoint and transpose all run on the device)."""
+    return _linear_operator_class()(op)

@@ -1,0 +1,393 @@
+"""Transposed products (``op.T``, ``op.H``, ``rmatvec``, ``rmatmat``, ``x @ op``) in
+every format against scipy in float64, the transposed copy's memory and format, its
+values after ``update_values``, scipy's solvers on ``aslinearoperator()``, and the
+result types of numpy's promotion (README "Result types")."""
+
+import numpy as np
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from conftest import assert_close, make_operator, poisoned, reference, skip_without_fp64
+from matrix_cases import CASES
+
+import pyspmv_cl as psc
+
+FORMATS = psc.formats()
+DTYPES = [np.float32, np.float64]
+with_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+
+
+def rectangular(rng, m, n, density=0.15):
+    """Random m x n CSR with a few rows and columns left empty."""
+    A = sp.random(m, n, density=density, format="lil", random_state=rng)
+    for i in range(0, m, 7):
+        A[i, :] = 0
+    for j in range(0, n, 5):
+        A[:, j] = 0
+    return sp.csr_matrix(A)
+
+
+def with_duplicates(A, rng):
+    """A with the rows of matrix_cases' duplicates_csr (repeated columns) appended."""
+    D = CASES["duplicates_csr"](rng)
+    B = sp.csr_matrix((A.shape[0] + D.shape[0], A.shape[1]))
+    B.data = np.concatenate([A.data, D.data])
+    B.indices = np.concatenate([A.indices, D.indices]).astype(np.int32)
+    B.indptr = np.concatenate([A.indptr, A.nnz + D.indptr[1:]]).astype(np.int32)
+    B.has_canonical_format = False
+    return B
+
+
+def matrices(rng):
+    """Shapes where A^T differs most from A: tall, wide, one row or column, zero rows
+    or columns, duplicates (kept apart in A^T as in A)."""
+    return {
+        "45x31": rectangular(rng, 45, 31),
+        "19x52": rectangular(rng, 19, 52),
+        "1x40": sp.csr_matrix(rng.standard_normal((1, 40))),
+        "40x1": sp.csr_matrix(rng.standard_normal((40, 1))),
+        "1x1": sp.csr_matrix(np.array([[rng.standard_normal()]])),
+        "7x0": sp.csr_matrix((7, 0)),
+        "0x9": sp.csr_matrix((0, 9)),
+        "duplicates": sp.csr_matrix(CASES["duplicates_csr"](rng)),
+    }
+
+
+def transpose_of(A):
+    return sp.csr_matrix(A.T)
+
+
+def check_transposed_products(op, A, dtype, rng):
+    m, n = A.shape
+    AT = transpose_of(A)
+    # op.T @ x allocates the result: numpy's promotion of op.dtype and x's (float64).
+    x = rng.standard_normal(m)
+    y = op.T @ x
+    assert y.shape == (n,) and y.dtype == np.result_type(dtype, x.dtype)
+    assert_close(y, reference(AT, x), AT, x, dtype)
+    assert_close(op.H @ x, reference(AT, x), AT, x, dtype)
+    assert_close(x @ op, reference(AT, x), AT, x, dtype)
+    # rmatvec into a poisoned out (beta == 0 never reads it), then beta != 0.
+    x = rng.standard_normal(m).astype(dtype)
+    out = poisoned(n, dtype)
+    assert op.rmatvec(x, out=out, alpha=-1.5) is out
+    assert_close(out, reference(AT, x, -1.5), AT, x, dtype)
+    y0 = rng.standard_normal(n).astype(dtype)
+    out = y0.copy()
+    op.T.matvec(x, out=out, alpha=0.5, beta=2.0)
+    assert_close(out, reference(AT, x, 0.5, 2.0, y0), AT, x, dtype)
+    # Device arrays in and out, alpha/beta as above.
+    x_d = cla.to_device(op.queue, x)
+    out_d = cla.to_device(op.queue, poisoned(n, dtype))
+    assert op.rmatvec(x_d, out=out_d, alpha=2.0) is out_d
+    assert_close(out_d.get(), reference(AT, x, 2.0), AT, x, dtype)
+    out_d = cla.to_device(op.queue, y0)
+    op.rmatvec(x_d, out=out_d, alpha=-1.0, beta=0.25)
+    assert_close(out_d.get(), reference(AT, x, -1.0, 0.25, y0), AT, x, dtype)
+    np.testing.assert_array_equal(x_d.get(), x)   # x untouched
+    y_d = op.T @ x_d
+    assert isinstance(y_d, cla.Array) and y_d.dtype == dtype
+    assert_close(y_d.get(), reference(AT, x), AT, x, dtype)
+    # rmatmat: a block of 3 columns; op.T.T is A again.
+    X = rng.standard_normal((m, 3))
+    Y = op.rmatmat(X)
+    assert Y.shape == (n, 3)
+    for j in range(3):
+        assert_close(Y[:, j], reference(AT, X[:, j]), AT, X[:, j], dtype)
+    x = rng.standard_normal(n)
+    assert op.T.T is op and op.H is op.T and op.T.shape == (n, m)
+    assert_close(op.T.rmatvec(x), reference(A, x), A, x, dtype)
+
+
+@with_dtypes
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_transposed_products(fmt, dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    tested = 0
+    for name, A in matrices(rng).items():
+        op = make_operator(A, fmt, dtype=dtype, device=device)
+        if op is None:
+            continue
+        assert op.transposed is None and op.nbytes_parts["transposed"] == 0
+        before = op.nbytes
+        check_transposed_products(op, A, dtype, rng)
+        copy = op.transposed
+        assert copy is not None and copy.shape == A.shape[::-1] and copy.dtype == dtype
+        # The caller fixed a format: the copy uses it unless A^T does not suit it.
+        assert copy.format == fmt or "refuses A^T" in copy.explanation, name
+        assert op.nbytes_parts["transposed"] == copy.nbytes > (0 if A.nnz else -1)
+        assert op.nbytes == before + copy.nbytes
+        assert op.transposed is copy   # built once
+        tested += 1
+    assert tested >= 4, f"{fmt} refused nearly every matrix"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_update_values_reaches_the_transposed_copy(fmt, device, rng):
+    """Values updated before the copy exists are read back from the device (not from
+    the caller's arrays, changed here on purpose); updates after it go through the
+    permutation."""
+    dtype = np.float32
+    A = with_duplicates(rectangular(rng, 55, 37, density=0.2), rng)
+    op = make_operator(A, fmt, dtype=dtype, device=device)
+    if op is None:
+        pytest.skip(f"{fmt} refuses this matrix")
+    data = rng.standard_normal(A.nnz)
+    op.update_values(data)
+    A.data[:] = 1e6   # the caller's array: must not leak into the copy
+    B = A.copy()
+    B.data = data
+    BT = transpose_of(B)
+    x = rng.standard_normal(A.shape[0])
+    assert_close(op.T @ x, reference(BT, x), BT, x, dtype)
+    for _ in range(2):   # the second update reuses both maps
+        data = rng.standard_normal(A.nnz)
+        op.update_values(data)
+        B.data = data
+        BT = transpose_of(B)
+        x = rng.standard_normal(A.shape[0])
+        assert_close(op.T @ x, reference(BT, x), BT, x, dtype)
+        x_d = cla.to_device(op.queue, x.astype(dtype))
+        assert_close(op.rmatvec(x_d).get(), reference(BT, x), BT, x, dtype)
+        x = rng.standard_normal(A.shape[1])
+        assert_close(op @ x, reference(B, x), B, x, dtype)
+    parts = op.nbytes_parts
+    assert parts["value_map"] > 0 and parts["transposed"] >= op.transposed.nbytes > 0
+    assert op.nbytes == sum(parts.values())
+
+
+def test_transposed_copy_of_a_device_matrix(device, rng):
+    """A matrix given as pyopencl arrays: the copy comes from the operator's own values
+    (the caller's arrays may change after construction)."""
+    A = rectangular(rng, 50, 33)
+    q = device.queue
+    triple = (cla.to_device(q, A.data), cla.to_device(q, A.indices),
+              cla.to_device(q, A.indptr))
+    for fmt in ("csr-scalar", "coo"):
+        op = psc.SpMV(triple, shape=A.shape, format=fmt, device=device)
+        triple[0].fill(0)
+        x = rng.standard_normal(50)
+        AT = transpose_of(A)
+        assert_close(op.T @ x, reference(AT, x), AT, x, np.float64)
+        assert op.transposed.format == fmt
+        triple[0].set(A.data)
+
+
+def test_format_of_the_transposed_copy(device, rng):
+    """A fixed format carries over with its parameters; one that refuses A^T gives
+    way to format="auto", saying so; "auto" chooses for A^T on its own."""
+    op = psc.SpMV(rectangular(rng, 30, 20), format="csr-vector", vector_size=4,
+                  device=device)
+    op.build_transposed()
+    assert op.transposed.format == "csr-vector"
+    assert op.transposed.params["vector_size"] == 4
+    # ELL takes A (rows of 2) but not A^T (one row of 20,000: padding far over limit).
+    n = 20_000
+    rows = np.repeat(np.arange(n), 2)
+    cols = np.stack([np.zeros(n, int), rng.integers(1, n, n)], axis=1).ravel()
+    A = sp.csr_matrix((rng.standard_normal(2 * n), (rows, cols)), shape=(n, n))
+    op = psc.SpMV(A, format="ell", device=device, dtype=np.float32)
+    x = rng.standard_normal(n)
+    AT = transpose_of(A)
+    assert_close(op.T @ x, reference(AT, x), AT, x, np.float32)
+    assert op.transposed.format != "ell"
+    assert "ell refuses A^T" in op.transposed.explanation
+    op = psc.SpMV(rectangular(rng, 30, 20), device=device, tune=False)
+    assert op.build_transposed() is op.transposed
+    assert op.transposed.tuning is not None   # chosen by format="auto"
+
+
+# ---------------------------------------------------------------- scipy's solvers
+
+
+def poisson_2d(k):
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(k, k))
+    eye = sp.identity(k)
+    return sp.csr_matrix(sp.kron(eye, T) + sp.kron(T, eye))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_scipy_solvers_on_the_linear_operator(fmt, device, rng):
+    skip_without_fp64(device, np.float64)
+    # 100 x 100, SPD; the diagonal term splits Poisson's double eigenvalues (ARPACK
+    # may find one copy of a double eigenvalue only).
+    n = 100
+    spd = sp.csr_matrix(poisson_2d(10) + sp.diags(np.linspace(0.0, 1.0, n)))
+    # Non-symmetric, diagonally dominant (well conditioned), and a tall full-rank one.
+    nonsym = sp.csr_matrix(spd + sp.diags([0.7], [3], shape=(n, n))
+                           - sp.diags([0.4], [-11], shape=(n, n)))
+    tall = sp.csr_matrix(sp.vstack([sp.identity(40) * 3.0,
+                                    sp.random(30, 40, density=0.2, random_state=rng)]))
+    ops = {name: make_operator(M, fmt, dtype=np.float64, device=device)
+           for name, M in (("spd", spd), ("nonsym", nonsym), ("tall", tall))}
+    if any(op is None for op in ops.values()):
+        pytest.skip(f"{fmt} refuses one of the matrices")
+    L = {name: op.aslinearoperator() for name, op in ops.items()}
+    assert isinstance(L["spd"], spla.LinearOperator) and L["spd"].dtype == np.float64
+    assert L["tall"].shape == (70, 40) and L["tall"].H.shape == (40, 70)
+
+    b = rng.standard_normal(n)
+    kw = {"rtol": 1e-10, "atol": 0.0, "maxiter": 1000}
+    for solver, M in ((spla.cg, spd), (spla.gmres, nonsym), (spla.bicg, nonsym),
+                      (spla.bicgstab, nonsym)):
+        name = "spd" if M is spd else "nonsym"
+        exact = spla.spsolve(sp.csc_matrix(M), b)
+        solution, info = solver(L[name], b, **kw)
+        theirs, their_info = solver(M, b, **kw)
+        assert info == their_info == 0, solver.__name__
+        for x in (solution, theirs):
+            assert np.linalg.norm(x - exact) <= 1e-7 * np.linalg.norm(exact), solver.__name__
+
+    b = rng.standard_normal(70)
+    exact = np.linalg.lstsq(tall.toarray(), b, rcond=None)[0]
+    for solver in (spla.lsqr, spla.lsmr):
+        solution = solver(L["tall"], b, atol=1e-12, btol=1e-12)[0]
+        theirs = solver(tall, b, atol=1e-12, btol=1e-12)[0]
+        for x in (solution, theirs):
+            assert np.linalg.norm(x - exact) <= 1e-8 * np.linalg.norm(exact), solver.__name__
+
+    v0 = rng.standard_normal(n)
+    values = spla.eigsh(L["spd"], k=3, which="LA", v0=v0, tol=1e-10,
+                        return_eigenvectors=False)
+    theirs = spla.eigsh(spd, k=3, which="LA", v0=v0, tol=1e-10, return_eigenvectors=False)
+    exact = np.linalg.eigvalsh(spd.toarray())[-3:]
+    np.testing.assert_allclose(np.sort(values), exact, rtol=1e-9)
+    np.testing.assert_allclose(np.sort(theirs), exact, rtol=1e-9)
+
+
+def test_linear_operator_products(device, rng):
+    """Each product of the LinearOperator, its adjoint and transpose, on the device."""
+    A = rectangular(rng, 35, 22)
+    op = psc.SpMV(A, format="csr-scalar", device=device, dtype=np.float32)
+    L = op.aslinearoperator()
+    AT = transpose_of(A)
+    assert L.dtype == np.float32 and L.shape == (35, 22)
+    x, u = rng.standard_normal(22), rng.standard_normal(35)
+    X, U = rng.standard_normal((22, 4)), rng.standard_normal((35, 4))
+    assert_close(L.matvec(x), reference(A, x), A, x, np.float32)
+    assert_close(L.rmatvec(u), reference(AT, u), AT, u, np.float32)
+    assert_close(L.H.matvec(u), reference(AT, u), AT, u, np.float32)
+    assert_close(L.T.matvec(u), reference(AT, u), AT, u, np.float32)
+    assert_close(L.H.H.matvec(x), reference(A, x), A, x, np.float32)
+    assert L.matvec(x.reshape(22, 1)).shape == (35, 1)
+    for j in range(4):
+        assert_close(L.matmat(X)[:, j], reference(A, X[:, j]), A, X[:, j], np.float32)
+        assert_close(L.rmatmat(U)[:, j], reference(AT, U[:, j]), AT, U[:, j], np.float32)
+        assert_close((U.T @ op)[j], reference(AT, U[:, j]), AT, U[:, j], np.float32)
+    with pytest.raises(ValueError, match="2-D"):
+        op.matmat(x)
+    with pytest.raises(ValueError, match="rmatvec.*shape"):
+        op.rmatvec(x)   # 22 entries where A^T needs 35
+    assert op.transposed is not None
+    with pytest.raises(ValueError, match="beta"):
+        op.rmatvec(u, beta=1.0)
+
+
+def test_a_float32_operator_in_cg(device, rng):
+    """scipy's cg on a float32 operator with a float64 right-hand side: products come
+    back as float64 (numpy's promotion) computed in float32."""
+    A = poisson_2d(8)
+    op = psc.SpMV(A, dtype=np.float32, device=device)
+    b = rng.standard_normal(A.shape[0])
+    solution, info = spla.cg(op.aslinearoperator(), b, rtol=1e-5, atol=0.0, maxiter=500)
+    assert info == 0
+    exact = spla.spsolve(sp.csc_matrix(A), b)
+    assert np.linalg.norm(solution - exact) <= 1e-4 * np.linalg.norm(exact)
+
+
+# -------------------------------------------------------------------- result types
+
+
+X_DTYPES = [np.float32, np.float64, np.float16, np.int8, np.int32, np.int64, np.uint8,
+            np.bool_]
+
+
+@with_dtypes
+def test_result_type_follows_numpy(dtype, device, rng):
+    """op @ x has numpy.result_type(op.dtype, x.dtype), computed in op.dtype: exactly
+    the product of x rounded to op.dtype, cast.  Transposed products alike."""
+    skip_without_fp64(device, dtype)
+    A = rectangular(rng, 40, 30)
+    op = psc.SpMV(A, format="csr-scalar", dtype=dtype, device=device)
+    for x_dtype in X_DTYPES:
+        for product, (k, B) in ((op.matvec, (30, A)), (op.rmatvec, (40, transpose_of(A)))):
+            x = np.abs(rng.standard_normal(k) * 10).astype(x_dtype)
+            y = product(x)
+            assert y.dtype == np.result_type(dtype, x_dtype), (x_dtype, y.dtype)
+            assert y.dtype == np.result_type(B.astype(dtype) @ x), "scipy's type"
+            np.testing.assert_array_equal(y, product(x.astype(dtype)).astype(y.dtype))
+            assert_close(y, reference(B, x.astype(dtype)), B, x, dtype)
+            Y = product(np.stack([x, x], axis=1))   # blocks too
+            assert Y.dtype == y.dtype
+            np.testing.assert_array_equal(Y[:, 1], y)
+
+
+@with_dtypes
+def test_host_out_receives_the_result_cast(dtype, device, rng):
+    skip_without_fp64(device, dtype)
+    A = rectangular(rng, 40, 30)
+    op = psc.SpMV(A, format="csr-scalar", dtype=dtype, device=device)
+    x = rng.standard_normal(30)
+    exact = op @ x.astype(dtype)
+    for out_dtype in (np.float32, np.float64):
+        out = poisoned(40, out_dtype)
+        assert op.matvec(x, out=out) is out and out.dtype == out_dtype
+        np.testing.assert_array_equal(out, exact.astype(out_dtype))
+    with pytest.raises(psc.UnsupportedDtypeError, match="floats"):
+        op.matvec(x, out=np.zeros(40, dtype=np.int64))
+
+
+@with_dtypes
+def test_device_arrays_of_the_other_float_type(dtype, device, rng):
+    """A device x or out of the other float type is cast on the device: the result
+    is the same as with arrays in op.dtype, cast; integer device arrays are refused."""
+    skip_without_fp64(device, np.float64)
+    other = np.float64 if dtype == np.float32 else np.float32
+    A = rectangular(rng, 40, 30)
+    op = psc.SpMV(A, format="csr-scalar", dtype=dtype, device=device)
+    q = op.queue
+    x = rng.standard_normal(30).astype(other)
+    exact = op @ x.astype(dtype)
+    y_d = op @ cla.to_device(q, x)   # out allocated: numpy's promotion
+    assert y_d.dtype == np.result_type(dtype, other)
+    np.testing.assert_array_equal(y_d.get(), exact.astype(y_d.dtype))
+    for x_dtype in (dtype, other):
+        x_d = cla.to_device(q, x.astype(x_dtype))
+        for out_dtype in (dtype, other):
+            out_d = cla.to_device(q, poisoned(40, out_dtype))
+            assert op.matvec(x_d, out=out_d, alpha=2.0) is out_d
+            np.testing.assert_array_equal(out_d.get(), (2 * exact).astype(out_dtype))
+            y0 = rng.standard_normal(40).astype(out_dtype)
+            out_d = cla.to_device(q, y0)
+            op.matvec(x_d, out=out_d, alpha=-1.0, beta=0.5)
+            narrowest = np.float32 if np.float32 in (dtype, out_dtype) else np.float64
+            assert_close(out_d.get(), reference(A, x, -1.0, 0.5, y0), A, x, narrowest)
+    # The transposed products take the same rule.
+    u = rng.standard_normal(40).astype(other)
+    AT = transpose_of(A)
+    y_d = op.rmatvec(cla.to_device(q, u))
+    assert y_d.dtype == np.result_type(dtype, other)
+    assert_close(y_d.get(), reference(AT, u), AT, u, dtype)
+    with pytest.raises(psc.UnsupportedDtypeError, match="int64.*astype"):
+        op.matvec(cla.to_device(q, np.ones(30, dtype=np.int64)))
+    with pytest.raises(psc.UnsupportedDtypeError, match="int32"):
+        op.matvec(cla.to_device(q, x), out=cla.empty(q, 40, np.int32))
+
+
+def test_float64_device_arrays_need_fp64(device, rng):
+    """Without fp64 a float64 device array cannot be cast there: a typed error; host
+    float64 vectors still work (cast on the host), transposed products too."""
+    A = rectangular(rng, 40, 30)
+    op = psc.SpMV(A, dtype=np.float32, device=device.override(fp64=False))
+    x = rng.standard_normal(30)
+    with pytest.raises(psc.DeviceCapabilityError, match="float64.*double"):
+        op.matvec(cla.to_device(op.queue, x))
+    with pytest.raises(psc.DeviceCapabilityError, match="float64"):
+        op.matvec(cla.to_device(op.queue, x.astype(np.float32)),
+                  out=cla.empty(op.queue, 40, np.float64))
+    assert (op @ x).dtype == np.float64
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+    u = rng.standard_normal(40)
+    AT = transpose_of(A)
+    assert_close(op.T @ u, reference(AT, u), AT, u, np.float32)
