@@ -25,9 +25,13 @@ ${signature("coo_expand")}
 {
     const long row = get_global_id(0);
     if (row < n_rows) {
+        // hyb's COO part: a row's entries after its first `skip` (the ELL part's),
+        // at positions from the part's own row pointers; coo: skip 0, the CSR's.
+        const index_t start = csr_row_ptr[row] + (index_t)skip;
         const index_t end = csr_row_ptr[row + 1];
-        for (index_t j = csr_row_ptr[row]; j < end; ++j) {
-            const long slot = coo_slot(j, group, items);
+        const long first = (long)part_row_ptr[row] - (long)start;
+        for (index_t j = start; j < end; ++j) {
+            const long slot = coo_slot(first + j, group, items);
             rows_out[slot] = (index_t)row;
             cols_out[slot] = csr_col_idx[j];
             values_out[slot] = csr_values[j];

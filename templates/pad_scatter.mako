@@ -1,6 +1,6 @@
 <%namespace name="c" file="common.mako"/>
 ## Device-side conversion of the ELL family (ell, ellr-t) from a CSR already on the
-## device.  pad_fill gives every slot the padding (column -1, value 0); then one
+## device (and hyb's ELL part).  pad_fill gives every slot the padding (column -1, value 0); then one
 ## work-item per row scatters its entries, the k-th of row r to slot
 ## (k / ${T}) * slice + r * ${T} + k % ${T}: the arrays the host conversion makes.
 ${c.preamble()}
@@ -22,8 +22,11 @@ ${signature("row_scatter")}
         // "freeze" (which Oclgrind cannot check) from a division by the constant T.
         long base = row * ${T};
         int lane = 0;
-        const index_t end = csr_row_ptr[row + 1];
-        for (index_t j = csr_row_ptr[row]; j < end; ++j) {
+        const index_t start = csr_row_ptr[row];
+        const index_t stop = csr_row_ptr[row + 1];
+        // hyb's ELL part takes a row's first `limit` entries (the rest go to COO)
+        const index_t end = (stop - start > limit) ? start + (index_t)limit : stop;
+        for (index_t j = start; j < end; ++j) {
             col_idx_out[base + lane] = csr_col_idx[j];
             values_out[base + lane] = csr_values[j];
             if (++lane == ${T}) {

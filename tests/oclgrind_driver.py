@@ -59,6 +59,23 @@ class _Keep(list):
 KEEP = _Keep()
 
 
+def _keep_device_temporaries():
+    """Device-side conversions make temporary pyopencl arrays (the CSR uploaded as it
+    is, cast copies, layout arrays): keep those too, or a later buffer reusing one's id
+    would inherit its stale shadow (hyb's COO part read "uninitialised" y and values
+    until this was added)."""
+    def keeping(make):
+        def made(*args, **kwargs):
+            arr = make(*args, **kwargs)
+            KEEP.append(arr)
+            return arr
+        return made
+
+    for name in ("to_device", "empty", "zeros"):
+        setattr(cla, name, keeping(getattr(cla, name)))
+    cla.Array.astype = keeping(cla.Array.astype)
+
+
 def corpus(rng):
     """Tiny matrices (<= 40 rows) with the structures formats trip on."""
     # Empty leading/trailing rows and a run of them, one full row, unsorted columns, a
@@ -129,6 +146,7 @@ def main(argv=None):
                         help="each format's defaults and profiles, not its own sweep")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # keep stderr for Oclgrind's reports
+    _keep_device_temporaries()
     started = time.perf_counter()
     device = psc.get_device(args.device)
     names = args.formats.split(",") if args.formats else psc.formats()

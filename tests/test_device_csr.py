@@ -13,6 +13,7 @@ from matrix_cases import CASES
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench import generators
+from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.tuning import database
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
@@ -158,13 +159,17 @@ PADDED = {"max_padding": float("inf")}
 @pytest.mark.parametrize("fmt, params", [
     ("ell", PADDED), ("ellr-t", {"T": 1, **PADDED}), ("ellr-t", {"T": 4, **PADDED}),
     ("ellr-t", PADDED), ("coo", {}), ("coo", {"layout": "contiguous"}),
-    ("coo", {"layout": "interleaved", "work_group_size": 32, "items_per_thread": 3})])
+    ("coo", {"layout": "interleaved", "work_group_size": 32, "items_per_thread": 3}),
+    ("hyb", {}), ("hyb", {"ell_width": 2}), ("hyb", {"ell_width": 0}),
+    ("hyb", {"ell_width": 3, "layout": "interleaved", "coo_work_group_size": 16,
+             "items_per_thread": 2})])
 @pytest.mark.parametrize("case", ["empty_rows", "row_length_sweep", "duplicates_coo", "0x0",
                                   "m_x_0"])
 def test_formats_convert_on_the_device_to_the_host_conversion_s_arrays(
         fmt, params, case, device, rng, monkeypatch):
-    """ell, ellr-t and coo convert a device matrix (and, on a GPU, a host one) on the
-    device, to exactly the arrays of their host conversion, without reading it back."""
+    """ell, ellr-t, coo and hyb convert a device matrix (and, on a GPU, a host one) on
+    the device, to exactly the arrays of their host conversion, without reading it
+    back."""
     A = sp.csr_matrix(CASES[case](rng))
     kw = dict(params)
 
@@ -182,8 +187,9 @@ def test_formats_convert_on_the_device_to_the_host_conversion_s_arrays(
         # The host conversion with the same parameters (a CPU-typed profile: GPUs
         # convert a host matrix on the device too).
         host_side = device.override(device_type="cpu") if device.profile.is_gpu else device
+        declared = set(FORMATS[fmt].parameter_names()) | {"index_bits"}
         on_host = psc.SpMV(A, format=fmt, dtype=np.float32, device=host_side,
-                           **{**kw, **op.params})
+                           **{**kw, **{k: v for k, v in op.params.items() if k in declared}})
         assert not on_host._impl.converting_on_device
         assert set(op._impl.buffers) == set(on_host._impl.buffers)
         for name in on_host._impl.buffers:

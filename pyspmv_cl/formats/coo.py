@@ -61,7 +61,8 @@ COO_KERNELS = (
 COO_CONVERT_KERNELS = (
     KernelSpec("coo_expand", (
         scalar("n_rows", "long"), scalar("group", "long"), scalar("items", "long"),
-        matrix("csr_row_ptr", "index_t"), matrix("csr_col_idx", "index_t"),
+        scalar("skip", "long"), matrix("csr_row_ptr", "index_t"),
+        matrix("part_row_ptr", "index_t"), matrix("csr_col_idx", "index_t"),
         matrix("csr_values", "real_t"), scratch("rows_out", "index_t"),
         scratch("cols_out", "index_t"), scratch("values_out", "real_t"))),
     KernelSpec("coo_pad", (
@@ -214,9 +215,11 @@ class COOPart:
         del self.row_lengths
         return {self.prefix + k: v for k, v in out.items()}
 
-    def device_arrays(self, csr):
+    def device_arrays(self, csr, skip=0, part_indptr=None):
         """The arrays of :meth:`host_arrays`, identical, made on the device from a
-        DeviceCSR (only the empty-row list is computed on the host, from indptr)."""
+        DeviceCSR (only the empty-row list is computed on the host, from indptr).  For
+        hyb's COO part: each row's entries after its first ``skip``, which this part
+        (analysed with ``part_indptr``, on the host) holds."""
         owner, queue = self.owner, self.owner.device.queue
         idx = owner.index_dtype
         n_total = self.n_groups * self.chunk if owner.params["layout"] == "interleaved" \
@@ -228,9 +231,13 @@ class COOPart:
             geometry = {"group": self.work_group_size, "items": self.items_per_thread,
                         "rows_out": out["rows"].base_data, "cols_out": out["cols"].base_data,
                         "values_out": out["values"].base_data}
+            row_ptr = csr.as_type("indptr", idx, queue)
+            part_ptr = row_ptr if part_indptr is None else cla.to_device(
+                queue, np.asarray(part_indptr).astype(idx))
             steps = [owner.step(
                 "coo_expand", round_up(self.n_rows, wg), wg, n_rows=self.n_rows,
-                csr_row_ptr=csr.as_type("indptr", idx, queue).base_data,
+                skip=int(skip), csr_row_ptr=row_ptr.base_data,
+                part_row_ptr=part_ptr.base_data,
                 csr_col_idx=csr.as_type("indices", idx, queue).base_data,
                 csr_values=csr.as_type("data", owner.dtype, queue).base_data, **geometry)]
             if n_total > self.nnz:

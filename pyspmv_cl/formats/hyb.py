@@ -24,6 +24,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from . import ell_device
 from . import params as P
 from .base import SpMVFormat, csr_bytes, launch_rows
 from .builder import ProgramSpec
@@ -49,6 +50,24 @@ def hyb_width(row_lengths, relative_speed=RELATIVE_SPEED,
     return int(np.partition(row_lengths, m - needed)[m - needed])
 
 
+class _Structure:
+    """The shape and row pointers of one part (what the layouts read), without arrays:
+    a matrix on the device is split only there."""
+
+    def __init__(self, shape, lengths):
+        self.shape = tuple(shape)
+        self.indptr = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.indptr[1:])
+        self.nnz = int(self.indptr[-1])
+
+
+def split_structure(indptr, shape, width):
+    """(ELL part, COO part) of :func:`split_csr`, shape and row pointers only."""
+    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
+    return (_Structure(shape, np.minimum(lengths, width)),
+            _Structure(shape, np.maximum(lengths - width, 0)))
+
+
 def split_csr(csr, width):
     """(ELL part, COO part): the first ``width`` entries of each row, and the others."""
     _, position, lengths = row_slots(csr)
@@ -68,6 +87,8 @@ def split_csr(csr, width):
 class HYB(SpMVFormat):
     name = "hyb"
     order = 7
+    converts_on_device = True
+    host_input_on_device = True   # GPUs: split and laid out on the device
     params = (
         P.Param("ell_width", P.optional(P.integer(0)),
                 "K, the ELL part's width (None: the Bell & Garland / CUSP rule)"),
@@ -105,7 +126,7 @@ class HYB(SpMVFormat):
         if width is None:
             width = hyb_width(lengths, p["relative_speed"], p["breakeven_threshold"])
         width = min(width, int(lengths.max(initial=0)))
-        ell_csr, coo_csr = split_csr(csr, width)
+        ell_csr, coo_csr = split_structure(csr.indptr, csr.shape, width)
 
         # The ELL part: K columns of stride rows (never refused for padding).
         _, self.row_align, self.stride = ell_layout(ell_csr, self.profile)
@@ -127,23 +148,35 @@ class HYB(SpMVFormat):
         self.check_group_size("coo_work_group_size", self.coo.local_bytes)
         self.coo.analyse(coo_csr)
         p.update(ell_width=self.width, ell_nnz=int(ell_csr.nnz), coo_nnz=int(coo_csr.nnz))
-        self._parts = (ell_csr, coo_csr)
+        self._coo_indptr = coo_csr.indptr
 
     def programs(self):
-        ell = ProgramSpec("ell.mako", (ELL_KERNEL,))
-        return [ell, self.coo.program()] if self.coo.active else [ell]
+        ell = [ProgramSpec("ell.mako", (ELL_KERNEL,))]
+        coo = [self.coo.program()] if self.coo.active else []
+        if self.converting_on_device:
+            ell.append(ell_device.program(1))
+            coo += [self.coo.conversion_program()] if self.coo.active else []
+        return ell + coo
 
     def type_names(self):
         return self.coo.type_names()
 
     # -- arrays and launches -------------------------------------------------------------
     def convert(self, csr):
-        ell_csr, coo_csr = self._parts
-        del self._parts
+        ell_csr, coo_csr = split_csr(csr, self.width)
         col_idx, values = ell_arrays(ell_csr, self.width, self.row_align, self.index_dtype,
                                      self.dtype)
         return {"ell_col_idx": col_idx, "ell_values": values,
                 **self.coo.host_arrays(coo_csr)}
+
+    def convert_device(self, csr):
+        """The same arrays made on the device: a row's first K entries scattered to the
+        ELL part (ell_device, limited to K), the rest to the COO part (coo_convert,
+        skipping K) at positions from the COO part's row pointers (host, from indptr)."""
+        col_idx, values = ell_device.scatter(self, csr, self.width * self.stride,
+                                             self.stride, limit=self.width)
+        return {"ell_col_idx": col_idx, "ell_values": values,
+                **self.coo.device_arrays(csr, skip=self.width, part_indptr=self._coo_indptr)}
 
     def scratch_sizes(self):
         return self.coo.scratch_sizes()
