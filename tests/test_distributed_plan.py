@@ -113,7 +113,7 @@ def test_empty_ranks_more_ranks_than_rows(rng):
     x = rng.standard_normal(3)
     assert_close(dp.simulate_product(parts, x, offsets, offsets), reference(A, x), A, x,
                  np.float64)
-    for (d, o, plan), size in zip(parts, np.diff(offsets)):
+    for (d, _o, plan), size in zip(parts, np.diff(offsets)):
         if size == 0:
             assert d.shape == (0, 0) and plan.n_ghosts == 0 and plan.n_send == 0
 
