@@ -8,6 +8,7 @@ mpi4py or mpiexec is missing, except when CI is set: then they fail.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -182,3 +183,22 @@ def test_auto_formats_np2(tmp_path_factory):
     assert_close(f["y"], reference(A, f["x"]), A, f["x"], np.float64)
     assert_close(f["y_ab"], reference(A, f["x"], 2.0, -0.5, f["y0"]), A, f["x"],
                  np.float64)
+
+
+def test_readme_example_runs_under_mpiexec(tmp_path):
+    """README's "Distributed (MPI)" script, as written, under ``mpiexec -n 2``."""
+    if MISSING:
+        pytest.fail(f"CI is set but the MPI tests cannot run: {MISSING}")
+    text = (HERE.parent / "README.md").read_text(encoding="utf-8")
+    script = re.search(r"cat > spmv_mpi.py <<'END'\n(.*?)\nEND\n", text, re.S).group(1)
+    (tmp_path / "spmv_mpi.py").write_text(script)
+    env = dict(os.environ, POCL_MAX_PTHREAD_COUNT="1", PYTHONPATH=os.pathsep.join(
+        filter(None, [str(Path(psc.__file__).resolve().parents[1]),
+                      os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "spmv_mpi.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "balance (max/mean)" in run.stdout
+    finals = [line.split() for line in run.stdout.splitlines() if line[:2] in ("0 ", "1 ")]
+    assert len(finals) == 2 and all(f[2] == "0" for f in finals), run.stdout
