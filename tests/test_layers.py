@@ -16,6 +16,7 @@ LAYERS = [
     {"formats"},
     {"tuning"},
     {"matrix", "adjoint"},
+    {"distributed"},
     {"__init__", "__main__", "cli", "bench"},
 ]
 

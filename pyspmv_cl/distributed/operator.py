@@ -1,0 +1,496 @@
+"""The distributed operator: one rank per device, PETSc's MATMPIAIJ layout (see
+``plan.py``), each local block an ordinary :class:`pyspmv_cl.SpMV`.
+
+mpi4py is imported when an operator is made, not with the package, so the partition
+functions (and the rest of pyspmv_cl) work without MPI.
+"""
+
+import time
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import scipy.sparse as sp
+
+from ..device import devices, get_device
+from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
+from ..inputs import as_host_csr
+from ..launching import record_launches
+from ..matrix import SpMV as LocalSpMV
+from .plan import (
+    CommPlan,
+    check_offsets,
+    even_offsets,
+    make_plan,
+    partition_rows,
+    requests_to,
+    split_block,
+)
+
+_TAG = 7519
+
+
+def mpi():
+    """mpi4py's ``MPI`` module, or an ImportError that says how to get it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:   # pragma: no cover - depends on the environment
+        raise ImportError("pyspmv_cl.distributed needs mpi4py and an MPI library: "
+                          "pip install 'pyspmv-cl[mpi]' (mpi4py and MPICH wheels)") from exc
+    return MPI
+
+
+class DistributedInputError(InvalidInputError):
+    """Inconsistent input across ranks (raised on every rank, with the same message)."""
+
+
+def _agree(comm, error):
+    """Collective: every rank learns whether any rank failed (``error`` is this rank's
+    message or None) and raises the same error, naming the ranks."""
+    errors = comm.allgather(error)
+    bad = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if bad:
+        text = "; ".join(f"rank {r}: {e}" for r, e in bad)
+        raise DistributedInputError(f"distributed SpMV refused ({len(bad)} of {comm.size} "
+                                    f"ranks): {text}")
+
+
+def node_position(comm):
+    """This rank's position among the ranks of its node (collective over ``comm``)."""
+    MPI = mpi()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    try:
+        return local.rank
+    finally:
+        local.Free()
+
+
+def node_local_device(position, kind=None):
+    """The device of the rank at ``position`` on its node (``node_position``): that
+    position modulo the node's devices of ``kind`` ("gpu", "cpu", "accelerator";
+    default: GPUs when the node has any, else CPUs).  The same rule serves N GPUs in
+    one host and N hosts."""
+    found = devices()
+    if kind is None:
+        kind = "gpu" if any(d.profile.device_type == "gpu" for d in found) else "cpu"
+    candidates = [d for d in found if d.profile.device_type == kind]
+    if not candidates:
+        raise InvalidInputError(f"node-local device choice: no {kind} device on this node "
+                                f"({len(found)} OpenCL devices found)")
+    return candidates[position % len(candidates)]
+
+
+def _resolve_device(device, position):
+    if isinstance(device, str) and device.startswith("node-local"):
+        kind = device.partition(":")[2] or None
+        return node_local_device(position, kind)
+    return get_device(device)
+
+
+class SpMV:
+    """A matrix distributed by contiguous row blocks over the ranks of ``comm``.
+
+    Collective: every rank calls it with its own row block ``A_local`` (any scipy
+    sparse matrix or ``(data, indices, indptr)`` triple of shape ``(rows, n)`` with
+    *global* column indices, as PETSc's ``MatCreateMPIAIJWithArrays`` takes it),
+    ``row_start`` (the global index of its first row) and the global ``shape``.
+
+    ``col_range``: the entries of ``x`` this rank owns, ``(start, end)``; default: the
+    row range for a square matrix, PETSc's even split for a rectangular one.  ``x_local``
+    and ``y_local`` are the owned parts of ``x`` and ``y``.
+
+    The row block is split into a diagonal block (owned columns) and an off-diagonal
+    block (ghost columns, compacted), each an ordinary :class:`pyspmv_cl.SpMV` with
+    ``format``/``offdiag_format`` and ``**params`` (tuned on its own with ``"auto"``).
+    ``device``: ``"node-local"`` (the rank's position on its node modulo the node's
+    GPUs, else CPUs; ``"node-local:cpu"`` picks the kind) or anything
+    :func:`pyspmv_cl.get_device` takes.
+
+    Inconsistent shapes, row or column ranges, or a rank whose input is refused give
+    the same :class:`DistributedInputError` on every rank (one ``allgather`` before
+    any other collective: no rank is left waiting).
+    """
+
+    def __init__(self, A_local, comm=None, *, row_start, shape, col_range=None,
+                 format="auto", offdiag_format="auto", device="node-local", dtype=None,
+                 **params):
+        MPI = mpi()
+        comm = MPI.COMM_WORLD if comm is None else comm
+        rank, size = comm.rank, comm.size
+        # 1. Local checks, then one allgather of everything the ranks must agree on.
+        info, error, csr = None, None, None
+        try:
+            shape = tuple(int(s) for s in shape)
+            if len(shape) != 2 or min(shape) < 0:
+                raise InvalidInputError(f"shape must be two non-negative integers, not {shape}")
+            csr = as_host_csr(A_local) if not isinstance(A_local, tuple) else \
+                as_host_csr(A_local, (len(A_local[2]) - 1, shape[1]))
+            if csr.shape[1] != shape[1]:
+                raise InvalidInputError(f"the local block has {csr.shape[1]} columns, the "
+                                        f"global shape {shape} has {shape[1]} (give global "
+                                        "column indices)")
+            cols = None if col_range is None else tuple(int(c) for c in col_range)
+            info = (shape, int(row_start), csr.shape[0], cols,
+                    None if dtype is None else np.dtype(dtype).name, csr.dtype.name)
+        except (PySpMVError, TypeError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        gathered = comm.allgather((info, error))
+        _agree_gathered(gathered)
+        shapes = {g[0][0] for g in gathered}
+        if len(shapes) > 1:
+            raise DistributedInputError(f"the ranks give different global shapes: "
+                                        f"{[g[0][0] for g in gathered]}")
+        starts = np.array([g[0][1] for g in gathered], dtype=np.int64)
+        counts = np.array([g[0][2] for g in gathered], dtype=np.int64)
+        row_offsets = np.concatenate([starts, [starts[-1] + counts[-1]]])
+        if (starts[0] != 0 or np.any(starts[1:] != starts[:-1] + counts[:-1])
+                or row_offsets[-1] != shape[0]):
+            raise DistributedInputError(
+                f"row ranges must tile 0..{shape[0]} in rank order; the ranks give "
+                + ", ".join(f"rank {r}: rows {s}:{s + c}" for r, (s, c)
+                            in enumerate(zip(starts.tolist(), counts.tolist()))))
+        col_given = [g[0][3] for g in gathered]
+        if all(c is None for c in col_given):
+            col_offsets = row_offsets.copy() if shape[0] == shape[1] else \
+                even_offsets(shape[1], size)
+        elif any(c is None for c in col_given):
+            raise DistributedInputError("col_range given on some ranks only: "
+                                        f"{col_given}")
+        else:
+            col_offsets = np.array([c[0] for c in col_given] + [col_given[-1][1]])
+            if any(col_given[r][1] != col_offsets[r + 1] for r in range(size)):
+                raise DistributedInputError(f"column ranges must be contiguous: {col_given}")
+            try:
+                col_offsets = check_offsets(col_offsets, shape[1], "column")
+            except InvalidInputError as exc:
+                raise DistributedInputError(f"column ranges {col_given}: {exc}") from None
+        requested_dtypes = {g[0][4] for g in gathered}
+        if len(requested_dtypes) > 1:
+            raise DistributedInputError(f"the ranks ask for different dtypes: "
+                                        f"{[g[0][4] for g in gathered]}")
+        if dtype is None:
+            common = np.result_type(*[np.dtype(g[0][5]) for g in gathered])
+            dtype = common if common in (np.float32, np.float64) else np.float64
+        self.dtype = np.dtype(dtype)
+
+        # 2. The plan: split the block, one all-to-all of counts and one of ids.
+        self.comm = comm.Dup()   # our messages never meet the caller's
+        # Always collective (whatever each rank's device argument says).
+        self.node_position = node_position(self.comm)
+        self.rank, self.size = rank, size
+        self.shape = shape
+        self.row_offsets, self.col_offsets = row_offsets, col_offsets
+        self.row_range = (int(row_offsets[rank]), int(row_offsets[rank + 1]))
+        self.col_range = (int(col_offsets[rank]), int(col_offsets[rank + 1]))
+        t0 = time.perf_counter()
+        diag, offdiag, garray = split_block(csr, *self.col_range)
+        ask_counts, ask_ids = requests_to(garray, col_offsets)
+        asked_counts = np.empty(size, dtype=np.int64)
+        self.comm.Alltoall(ask_counts, asked_counts)
+        asked = np.empty(int(asked_counts.sum()), dtype=np.int64)
+        displs = lambda c: np.concatenate([[0], np.cumsum(c)[:-1]])  # noqa: E731
+        self.comm.Alltoallv([ask_ids, ask_counts, displs(ask_counts), MPI.INT64_T],
+                            [asked, asked_counts, displs(asked_counts), MPI.INT64_T])
+        ptr = np.concatenate([[0], np.cumsum(asked_counts)])
+        self.comm_plan = make_plan(rank, size, garray, col_offsets,
+                                   [asked[ptr[q]:ptr[q + 1]] for q in range(size)])
+        self.plan_time = time.perf_counter() - t0
+
+        # 3. The local operators, on this rank's device; every rank learns of a failure.
+        error = None
+        try:
+            self.device = _resolve_device(device, self.node_position)
+            self.diag = LocalSpMV(diag, format=format, dtype=self.dtype, device=self.device,
+                                  **params)
+            self.offdiag = None
+            if offdiag.nnz:
+                self.offdiag = LocalSpMV(offdiag, format=offdiag_format, dtype=self.dtype,
+                                         device=self.device, **params)
+        except (PySpMVError, TypeError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        _agree(self.comm, error)
+        self.queue = self.device.queue
+        self.local_nnz = (int(diag.nnz), int(offdiag.nnz))
+        self._diagonal = _local_diagonal(diag, self.row_range, self.col_range)
+        self._buffers()
+        self.timings = []          # one dict per product (see matvec)
+        self.keep_timings = 1000   # the most recent products kept
+
+    # -- descriptive -------------------------------------------------------------------
+    @property
+    def ghosts(self):
+        """Global column ids whose ``x`` values come from other ranks (sorted)."""
+        return self.comm_plan.garray
+
+    @property
+    def local_shape(self):
+        return (self.row_range[1] - self.row_range[0], self.col_range[1] - self.col_range[0])
+
+    @property
+    def nbytes(self):
+        """This rank's device bytes: both blocks, the send gather list and the work
+        vectors (host staging buffers are not counted)."""
+        total = self.diag.nbytes + (self.offdiag.nbytes if self.offdiag is not None else 0)
+        return total + sum(a.nbytes for a in self._device_work)
+
+    @property
+    def format(self):
+        return (self.diag.format, self.offdiag.format if self.offdiag is not None else None)
+
+    def diagonal(self):
+        """The owned rows' diagonal entries (duplicates summed), on the host."""
+        return self._diagonal.copy()
+
+    def describe(self):
+        """Collective: the partition's balance as a table (rows, non-zeros, ghosts,
+        values sent, neighbours, device bytes per rank), the same string on every rank."""
+        mine = (self.rank, self.row_range, self.local_nnz, self.comm_plan.n_ghosts,
+                self.comm_plan.n_send, len(self.comm_plan.neighbours), self.nbytes,
+                self.format, self.device.cl_device.name.strip())
+        rows = self.comm.allgather(mine)
+        lines = [f"distributed SpMV {self.shape[0]}x{self.shape[1]}, {self.dtype}, "
+                 f"{self.size} ranks",
+                 f"{'rank':>4} {'rows':>17} {'nnz diag':>10} {'nnz off':>9} {'ghosts':>7} "
+                 f"{'sent':>7} {'nbrs':>4} {'bytes':>10}  formats / device"]
+        for r, (a, b), (nd, no), g, s, nb, by, fmt, dev in rows:
+            lines.append(f"{r:>4} {f'{a}:{b}':>17} {nd:>10} {no:>9} {g:>7} {s:>7} {nb:>4} "
+                         f"{by:>10}  {fmt[0]}/{fmt[1] or '-'} on {dev}")
+        nnz = np.array([nd + no for _, _, (nd, no), *_ in rows], dtype=float)
+        nrows = np.array([b - a for _, (a, b), *_ in rows], dtype=float)
+        ghosts = np.array([g for *_, g, _, _, _, _, _ in rows], dtype=float)
+
+        def imbalance(v):
+            return f"{v.max() / v.mean():.2f}" if v.mean() > 0 else "-"
+        lines.append(f"balance (max/mean): rows {imbalance(nrows)}, non-zeros "
+                     f"{imbalance(nnz)}, ghosts {imbalance(ghosts)}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return (f"<distributed SpMV rank {self.rank}/{self.size} rows {self.row_range} of "
+                f"{self.shape}, formats {self.format}, {self.comm_plan.n_ghosts} ghosts>")
+
+    # -- products ----------------------------------------------------------------------
+    def _buffers(self):
+        plan, dtype, queue = self.comm_plan, self.dtype, self.queue
+        m, n = self.local_shape
+        self._send = np.empty(plan.n_send, dtype=dtype)
+        self._ghost = np.empty(plan.n_ghosts, dtype=dtype)
+        self._y_host = np.empty(m, dtype=dtype)
+        self._x_dev = cla.empty(queue, n, dtype)
+        self._y_dev = cla.empty(queue, m, dtype)
+        self._ghost_dev = cla.empty(queue, plan.n_ghosts, dtype)
+        self._send_idx_dev = (cla.to_device(queue, plan.send_idx.astype(np.int64))
+                              if plan.n_send else None)
+        self._send_dev = cla.empty(queue, plan.n_send, dtype)
+        self._device_work = [a for a in (self._x_dev, self._y_dev, self._ghost_dev,
+                                         self._send_idx_dev, self._send_dev)
+                             if a is not None]
+        # Persistent point-to-point requests on fixed buffers (see README: why not
+        # neighbour collectives).
+        requests = []
+        for i, q in enumerate(plan.recv_ranks):
+            requests.append(self.comm.Recv_init(
+                self._ghost[plan.recv_ptr[i]:plan.recv_ptr[i + 1]], int(q), _TAG))
+        for i, q in enumerate(plan.send_ranks):
+            requests.append(self.comm.Send_init(
+                self._send[plan.send_ptr[i]:plan.send_ptr[i + 1]], int(q), _TAG))
+        self._requests = requests
+        self._ghost_upload = None
+
+    def __matmul__(self, x):
+        return self.matvec(x)
+
+    def dot(self, x):
+        return self.matvec(x)
+
+    def matvec(self, x_local, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A @ x + beta * y`` on this rank's rows (collective: every rank
+        calls it).  ``x_local``: the owned entries of ``x`` (numpy, or a pyopencl array
+        on ``op.queue``); ``out``: the owned rows of ``y``, of the same kind.  Without
+        ``out`` a numpy result has dtype ``result_type(op.dtype, x.dtype)``; a device
+        result is in ``op.dtype``.  The kernels compute in ``op.dtype``.
+
+        Steps: pack the values to send (host take, or device take then a copy to the
+        host: MPI cannot read pyopencl buffers), start the exchange, enqueue the
+        diagonal block's product, finish the exchange, upload the ghosts into a reused
+        buffer, add the off-diagonal product with ``beta=1``.  ``op.timings`` gets one
+        dict per product (seconds): ``pack``, ``exchange`` (start to all messages in),
+        ``local`` (the diagonal block's kernels, from profiling events), ``offdiag``
+        (ghost upload + kernels + result to host), ``total``, and ``hidden``: the part
+        of ``local`` and ``exchange`` that overlapped.
+        """
+        alpha, beta = float(alpha), float(beta)
+        if beta != 0 and out is None:
+            raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
+        m, n = self.local_shape
+        on_device = isinstance(x_local, cla.Array)
+        if not on_device:
+            x = np.asarray(x_local)
+            if x.dtype.kind not in "fiub":
+                raise UnsupportedDtypeError(f"x must hold numbers, not {x.dtype}")
+            if x.shape not in ((n,), (n, 1)):
+                raise InvalidInputError(f"x_local has shape {x.shape}; rank {self.rank} "
+                                        f"owns {n} entries of x (columns {self.col_range})")
+            result_shape = (m,) if x.ndim == 1 else (m, 1)
+            if out is not None:
+                if not isinstance(out, np.ndarray) or out.shape != result_shape:
+                    raise InvalidInputError(f"out must be a numpy array of shape "
+                                            f"{result_shape}")
+                if out.dtype.kind != "f":
+                    raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+            times = {}
+            t0 = time.perf_counter()
+            xc = np.ascontiguousarray(x.reshape(n), dtype=self.dtype)
+            np.take(xc, self.comm_plan.send_idx, out=self._send)
+            if n:
+                cl.enqueue_copy(self.queue, self._x_dev.data, xc, is_blocking=False)
+            if beta != 0 and m:
+                cl.enqueue_copy(self.queue, self._y_dev.data,
+                                np.ascontiguousarray(out.reshape(m), dtype=self.dtype),
+                                is_blocking=False)
+            times["pack"] = time.perf_counter() - t0
+            self._product(self._x_dev, self._y_dev, alpha, beta, times, t0)
+            t = time.perf_counter()
+            if m:
+                cl.enqueue_copy(self.queue, self._y_host, self._y_dev.data, is_blocking=True)
+            else:
+                self.queue.finish()   # the upload of x read xc
+            times["offdiag"] += time.perf_counter() - t
+            times["total"] = time.perf_counter() - t0
+            self._record(times)
+            if out is None:
+                return self._y_host.reshape(result_shape).astype(
+                    np.result_type(self.dtype, x.dtype), copy=True)
+            out[...] = self._y_host.reshape(result_shape)
+            return out
+        # Device vectors: they stay on the device; only the packed values and the
+        # ghosts cross to the host.
+        if x_local.shape not in ((n,), (n, 1)):
+            raise InvalidInputError(f"x_local has shape {x_local.shape}; rank {self.rank} "
+                                    f"owns {n} entries of x")
+        if x_local.context != self.device.context:
+            raise InvalidInputError("x_local lives on another OpenCL context than this "
+                                    "rank's operator (use op.queue)")
+        x = x_local.reshape(n)
+        if x.dtype != self.dtype:
+            x = x.astype(self.dtype)
+        if out is None:
+            out = cla.empty(self.queue, m, self.dtype)
+        elif not isinstance(out, cla.Array) or out.size != m or out.dtype != self.dtype:
+            raise InvalidInputError(f"with a device x, out must be a pyopencl array of "
+                                    f"{m} {self.dtype} values")
+        times = {}
+        t0 = time.perf_counter()
+        if self.comm_plan.n_send:
+            cla.take(x, self._send_idx_dev, out=self._send_dev)
+            self._send_dev.get(ary=self._send)
+        times["pack"] = time.perf_counter() - t0
+        self._product(x, out.reshape(m), alpha, beta, times, t0)
+        times["total"] = time.perf_counter() - t0
+        self._record(times)
+        return out
+
+    def _product(self, x_dev, y_dev, alpha, beta, times, t0):
+        """Exchange, diagonal product, off-diagonal product (device vectors)."""
+        MPI = mpi()
+        requests = self._requests
+        if self._ghost_upload is not None:   # the last product's upload read _ghost
+            self._ghost_upload.wait()
+            self._ghost_upload = None
+        t_start = time.perf_counter()
+        if requests:
+            MPI.Prequest.Startall(requests)
+        with record_launches() as events:
+            self.diag.matvec(x_dev, out=y_dev, alpha=alpha, beta=beta)
+        if requests:
+            MPI.Request.Waitall(requests)
+        t_exchanged = time.perf_counter()
+        if events:
+            events[-1].wait()
+        t_both = time.perf_counter()
+        local = ((events[-1].profile.end - events[0].profile.start) * 1e-9
+                 if events else 0.0)
+        exchange = t_exchanged - t_start
+        times.update(exchange=exchange, local=local,
+                     hidden=max(0.0, local + exchange - (t_both - t_start)))
+        t = time.perf_counter()
+        if self.offdiag is not None:
+            self._ghost_upload = cl.enqueue_copy(self.queue, self._ghost_dev.data,
+                                                 self._ghost, is_blocking=False)
+            self.offdiag.matvec(self._ghost_dev, out=y_dev, alpha=alpha, beta=1.0)
+        times["offdiag"] = time.perf_counter() - t
+
+    def _record(self, times):
+        self.timings.append(times)
+        if len(self.timings) > self.keep_timings:
+            del self.timings[: len(self.timings) - self.keep_timings]
+
+    def timing_summary(self):
+        """Medians over the recorded products (seconds), ``{}`` before any."""
+        if not self.timings:
+            return {}
+        return {k: float(np.median([t[k] for t in self.timings])) for k in self.timings[0]}
+
+    # -- construction from one rank's matrix --------------------------------------------
+    @classmethod
+    def from_global(cls, A, comm=None, root=0, partition="nnz", **kwargs):
+        """Collective: scatter the scipy matrix ``A`` held on ``root`` (other ranks may
+        pass None) by contiguous row blocks: ``partition="nnz"`` (balanced by
+        non-zeros, the default), ``"rows"``, or explicit offsets (ranks + 1 integers).
+        A rectangular matrix's ``x`` is split evenly (PETSc's default) unless
+        ``kwargs`` give ``col_range``.  Other keywords go to the constructor."""
+        MPI = mpi()
+        comm = MPI.COMM_WORLD if comm is None else comm
+        blocks, error = None, None
+        if comm.rank == root:
+            try:
+                csr = as_host_csr(A)
+                if isinstance(partition, str):
+                    offsets = partition_rows(csr.indptr, comm.size, partition)
+                else:
+                    offsets = check_offsets(partition, csr.shape[0], "row")
+                    if len(offsets) != comm.size + 1:
+                        raise InvalidInputError(f"partition offsets need {comm.size + 1} "
+                                                f"entries, not {len(offsets)}")
+                blocks = [(csr[offsets[p]:offsets[p + 1]], int(offsets[p]), csr.shape)
+                          for p in range(comm.size)]
+            except (PySpMVError, TypeError, ValueError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        error = comm.bcast(error, root=root)
+        if error is not None:
+            raise DistributedInputError(f"from_global refused on root {root}: {error}")
+        local, start, shape = comm.scatter(blocks, root=root)
+        return cls(local, comm, row_start=start, shape=shape, **kwargs)
+
+    def free(self):
+        """Release the MPI requests and the duplicated communicator (collective)."""
+        for r in self._requests:
+            r.Free()
+        self._requests = []
+        self.comm.Free()
+
+
+def _agree_gathered(gathered):
+    bad = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
+    if bad:
+        text = "; ".join(f"rank {r}: {e}" for r, e in bad)
+        raise DistributedInputError(f"distributed SpMV refused ({len(bad)} of "
+                                    f"{len(gathered)} ranks): {text}")
+
+
+def _local_diagonal(diag, row_range, col_range):
+    """A[i, i] for the owned rows i, from the diagonal block (zero where the diagonal
+    falls outside the owned columns or is not stored)."""
+    m = diag.shape[0]
+    rows = np.arange(row_range[0], row_range[1])
+    local_cols = rows - col_range[0]
+    inside = (local_cols >= 0) & (local_cols < diag.shape[1])
+    out = np.zeros(m, dtype=np.float64)
+    if inside.any():
+        coo = sp.coo_matrix(diag)
+        hit = coo.row + row_range[0] - col_range[0] == coo.col
+        np.add.at(out, coo.row[hit], coo.data[hit].astype(np.float64))
+    return out
+
+
+__all__ = ["SpMV", "DistributedInputError", "node_local_device", "node_position", "mpi", "CommPlan"]

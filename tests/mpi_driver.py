@@ -1,0 +1,180 @@
+"""Run under ``mpiexec -n N python tests/mpi_driver.py OUTDIR``: distributed products
+and cg on several matrices and partitions, and bad inputs.  Rank 0 writes one ``.npz``
+per case (the matrix, x, the gathered results) and ``summary.json``; the checks
+against scipy are made by tests/test_distributed_mpi.py with the project's tolerance
+helpers.  Any exception aborts every rank (so a failure never becomes a hang)."""
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pyopencl.array as cla
+import scipy.sparse as sp
+from mpi4py import MPI
+
+import pyspmv_cl.distributed as psd
+from pyspmv_cl.bench import generators
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+OUT = Path(sys.argv[1])
+DEVICE = os.environ.get("PYSPMV_CL_MPI_DEVICE") or "node-local"
+FAST = {"format": "csr-scalar", "offdiag_format": "csr-scalar", "device": DEVICE}
+
+
+def lower_banded(n, k=3):
+    return sp.diags([np.full(n - d, d + 1.0) for d in range(k + 1)],
+                    [-d for d in range(k + 1)], shape=(n, n), format="csr")
+
+
+def gather(v):
+    parts = comm.gather(np.asarray(v), root=0)
+    return np.concatenate(parts) if rank == 0 else None
+
+
+def from_blocks(A, offsets, **kwargs):
+    """The primary constructor: each rank passes its own row block."""
+    r0, r1 = int(offsets[rank]), int(offsets[rank + 1])
+    return psd.SpMV(A[r0:r1], comm, row_start=r0, shape=A.shape, **kwargs)
+
+
+def product_case(name, A, build, dtype=np.float64):
+    op = build()
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(A.shape[1])       # same on every rank (same seed)
+    y0 = rng.standard_normal(A.shape[0])
+    (a, b), (r0, r1) = op.col_range, op.row_range
+    y = op @ x[a:b]
+    out = y0[r0:r1].copy()
+    op.matvec(x[a:b], out=out, alpha=2.0, beta=-0.5)
+    y_dev = op.matvec(cla.to_device(op.queue, x[a:b].astype(op.dtype))).get()
+    stats = comm.gather({"rank": rank, "ghosts": int(op.comm_plan.n_ghosts),
+                         "send": int(op.comm_plan.n_send), "rows": list(op.row_range),
+                         "device": op.device.id, "formats": list(op.format),
+                         "nbytes": int(op.nbytes), "y_dtype": str(y.dtype)}, root=0)
+    described = op.describe()
+    ys = gather(y), gather(out), gather(y_dev)
+    if rank == 0:
+        A = sp.csr_matrix(A)
+        np.savez(OUT / f"{name}.npz", data=A.data, indices=A.indices, indptr=A.indptr,
+                 shape=A.shape, x=x, y0=y0, y=ys[0], y_ab=ys[1], y_dev=ys[2],
+                 dtype=np.dtype(dtype).name)
+        SUMMARY["products"][name] = {"ranks": stats, "describe": described,
+                                     "timings": op.timing_summary()}
+    op.free()
+
+
+def error_case(name, call):
+    """Every rank must raise the same DistributedInputError."""
+    try:
+        call()
+        message = None
+    except psd.DistributedInputError as exc:
+        message = str(exc)
+    messages = comm.gather(message, root=0)
+    if rank == 0:
+        SUMMARY["errors"][name] = messages
+
+
+def cg_case():
+    A = generators.poisson2d(14)            # 196 unknowns, SPD
+    x_true = np.random.default_rng(5).standard_normal(A.shape[0])
+    b = A @ x_true
+    result = {}
+    for M in (None, "jacobi"):
+        op = psd.SpMV.from_global(A if rank == 0 else None, comm, dtype=np.float64, **FAST)
+        r0, r1 = op.row_range
+        x, info = psd.cg(op, b[r0:r1], tol=1e-10, maxiter=500, M=M)
+        xs = gather(x)
+        # Device-resident right-hand side: the result stays on the device.
+        x_dev, info_dev = psd.cg(op, cla.to_device(op.queue, b[r0:r1]), tol=1e-10,
+                                 maxiter=500, M=M)
+        xs_dev = gather(x_dev.get())
+        if rank == 0:
+            result[str(M)] = {"x": xs.tolist(), "info": info, "x_dev": xs_dev.tolist(),
+                              "info_dev": info_dev, "iterations": op.cg_stats["iterations"]}
+        op.free()
+    if rank == 0:      # the same solver on one rank (COMM_SELF)
+        one = psd.SpMV(A, MPI.COMM_SELF, row_start=0, shape=A.shape, dtype=np.float64,
+                       **FAST)
+        for M in (None, "jacobi"):
+            x1, info1 = psd.cg(one, b, tol=1e-10, maxiter=500, M=M)
+            result[str(M)].update(x_one_rank=x1.tolist(), info_one_rank=info1,
+                                  iterations_one_rank=one.cg_stats["iterations"])
+        one.free()
+        np.savez(OUT / "cg.npz", data=A.data, indices=A.indices, indptr=A.indptr,
+                 shape=A.shape, b=b)
+        SUMMARY["cg"] = result
+
+
+SUMMARY = {"size": size, "products": {}, "errors": {}}
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    rnd = generators.random_uniform(300, 300, 6, seed=1)
+    product_case("random", rnd, lambda: psd.SpMV.from_global(
+        rnd if rank == 0 else None, comm, **FAST))
+    band = generators.banded(400, 7, seed=2)
+    product_case("banded", band, lambda: psd.SpMV.from_global(
+        band if rank == 0 else None, comm, partition="rows", **FAST))
+    pl = generators.power_law(500, 6, seed=3)
+    product_case("power_law", pl, lambda: psd.SpMV.from_global(
+        pl if rank == 0 else None, comm, **FAST))
+    lb = lower_banded(200)
+    product_case("no_ghosts_on_rank0", lb, lambda: from_blocks(
+        lb, psd.plan.even_offsets(200, size), **FAST))
+    tiny = sp.csr_matrix(np.arange(1.0, (size - 1) ** 2 + 1).reshape(size - 1, size - 1))
+    product_case("more_ranks_than_rows", tiny, lambda: psd.SpMV.from_global(
+        tiny if rank == 0 else None, comm, **FAST))
+    one = generators.random_uniform(60, 60, 5, seed=6)
+    product_case("all_rows_on_rank0", one, lambda: from_blocks(
+        one, [0] + [60] * size, **FAST))
+    product_case("all_rows_on_last_rank", one, lambda: from_blocks(
+        one, [0] * size + [60], **FAST))
+    wide = generators.random_uniform(90, 250, 5, seed=4)
+    product_case("rect_wide", wide, lambda: from_blocks(
+        wide, psd.plan.even_offsets(90, size), **FAST))
+    tall = generators.random_uniform(250, 60, 4, seed=5)
+    product_case("rect_tall", tall, lambda: psd.SpMV.from_global(
+        tall if rank == 0 else None, comm, **FAST))
+    f32 = generators.random_uniform(200, 200, 8, seed=7).astype(np.float32)
+    product_case("float32", f32, lambda: psd.SpMV.from_global(
+        f32 if rank == 0 else None, comm, **FAST), dtype=np.float32)
+    if size == 2:   # format="auto" per block (the rules on small blocks)
+        pois = generators.poisson2d(20)
+        product_case("auto_formats", pois, lambda: psd.SpMV.from_global(
+            pois if rank == 0 else None, comm, device=DEVICE))
+    cg_case()
+
+    eye = sp.eye(10, format="csr")
+    error_case("shapes_differ", lambda: psd.SpMV(
+        sp.csr_matrix((0, 11)) if rank else eye, comm, row_start=0 if rank == 0 else 10,
+        shape=(10, 10) if rank == 0 else (10, 11), **FAST))
+    error_case("rows_overlap", lambda: psd.SpMV(
+        eye[:5], comm, row_start=0, shape=(10, 10), **FAST))
+    error_case("rows_missing", lambda: psd.SpMV(
+        eye[:1], comm, row_start=rank, shape=(10, 10), **FAST))
+    error_case("bad_block_on_last_rank", lambda: psd.SpMV(
+        sp.eye(10, 7, format="csr")[:0] if rank == size - 1 else
+        (eye if rank == 0 else eye[:0]), comm, row_start=0 if rank == 0 else 10,
+        shape=(10, 10), **FAST))
+    error_case("bad_partition", lambda: psd.SpMV.from_global(
+        eye if rank == 0 else None, comm, partition=[0, 20], **FAST))
+    # After the refusals the ranks still work together.
+    product_case("after_errors", band, lambda: psd.SpMV.from_global(
+        band if rank == 0 else None, comm, **FAST))
+    if rank == 0:
+        (OUT / "summary.json").write_text(json.dumps(SUMMARY, indent=1))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)

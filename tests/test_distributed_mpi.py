@@ -1,0 +1,204 @@
+"""pyspmv_cl.distributed under ``mpiexec -n 2`` and ``-n 4`` (tests/mpi_driver.py),
+compared with scipy in float64 with the project's tolerance helpers.
+
+One launch per rank count runs every case (starting ranks and compiling kernels is
+most of the time); each test below checks one case of its output.  Skipped when
+mpi4py or mpiexec is missing, except when CI is set: then they fail.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from conftest import assert_close, reference
+
+import pyspmv_cl as psc
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "mpi_driver.py"
+TIMEOUT = 150      # seconds per launch: a hang fails instead of blocking the run
+
+
+def _mpiexec():
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def _missing():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'pyspmv-cl[mpi]')"
+    if _mpiexec() is None:
+        return "no mpiexec found (pip install 'pyspmv-cl[mpi]' brings MPICH's)"
+    return None
+
+
+MISSING = _missing()
+if MISSING and not os.environ.get("CI"):
+    pytestmark = pytest.mark.skip(reason=MISSING)
+
+
+CASES = ["random", "banded", "power_law", "no_ghosts_on_rank0", "more_ranks_than_rows",
+         "all_rows_on_rank0", "all_rows_on_last_rank", "rect_wide", "rect_tall",
+         "float32", "after_errors"]
+ERRORS = {"shapes_differ": "different global shapes", "rows_overlap": "must tile",
+          "rows_missing": "must tile", "bad_block_on_last_rank": "has 7 columns",
+          "bad_partition": "from_global refused on root 0"}
+
+
+_RUNS = {}
+
+
+def run_driver(nranks, tmp_path_factory):
+    if MISSING:    # only with CI set (else the module is skipped)
+        pytest.fail(f"CI is set but the MPI tests cannot run: {MISSING}")
+    if nranks in _RUNS:
+        return _RUNS[nranks]
+    out = tmp_path_factory.mktemp(f"mpi{nranks}")
+    env = dict(os.environ, POCL_MAX_PTHREAD_COUNT="1",
+               # The ranks import the package this test imported (checkout or install).
+               PYTHONPATH=os.pathsep.join(filter(None, [
+                   str(Path(psc.__file__).resolve().parents[1]),
+                   os.environ.get("PYTHONPATH")])))
+    selected = os.environ.get("PYSPMV_CL_TEST_DEVICES")
+    if selected:
+        env["PYSPMV_CL_MPI_DEVICE"] = selected.split(",")[0]
+    try:
+        run = subprocess.run([_mpiexec(), "-n", str(nranks), sys.executable, str(DRIVER),
+                              str(out)], env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpiexec -n {nranks} hung (no result in {TIMEOUT} s): "
+                    f"{(exc.stderr or b'')[-3000:]}")
+    assert run.returncode == 0, (f"mpiexec -n {nranks} failed ({run.returncode}):\n"
+                                 f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    _RUNS[nranks] = (out, summary)
+    return _RUNS[nranks]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4"])
+def mpi_run(request, tmp_path_factory):
+    return run_driver(request.param, tmp_path_factory)
+
+
+def load(out, name):
+    f = np.load(out / f"{name}.npz")
+    A = sp.csr_matrix((f["data"], f["indices"], f["indptr"]), shape=tuple(f["shape"]))
+    return A, f
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_products_match_scipy(mpi_run, case):
+    out, summary = mpi_run
+    A, f = load(out, case)
+    dtype = np.dtype(str(f["dtype"]))
+    x, y0 = f["x"], f["y0"]
+    assert_close(f["y"], reference(A, x), A, x, dtype)
+    assert_close(f["y_ab"], reference(A, x, 2.0, -0.5, y0), A, x, dtype)
+    assert_close(f["y_dev"], reference(A, x), A, x, dtype)
+    ranks = summary["products"][case]["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(summary["size"]))
+    # Contiguous row blocks covering the matrix.
+    assert ranks[0]["rows"][0] == 0 and ranks[-1]["rows"][1] == A.shape[0]
+    assert all(a["rows"][1] == b["rows"][0] for a, b in zip(ranks, ranks[1:]))
+    assert all(r["y_dtype"] == "float64" for r in ranks)   # numpy's promotion
+
+
+def test_layout_cases(mpi_run):
+    out, summary = mpi_run
+    p = summary["products"]
+    size = summary["size"]
+    first = p["no_ghosts_on_rank0"]["ranks"][0]
+    assert first["ghosts"] == 0 and first["send"] > 0
+    assert any(r["rows"][0] == r["rows"][1] for r in p["more_ranks_than_rows"]["ranks"])
+    assert p["all_rows_on_rank0"]["ranks"][0]["rows"] == [0, 60]
+    assert p["all_rows_on_last_rank"]["ranks"][-1]["rows"] == [0, 60]
+    assert all(r["ghosts"] == 0 for r in p["all_rows_on_rank0"]["ranks"][1:])
+    assert "balance (max/mean)" in p["random"]["describe"]
+    assert len(p["random"]["describe"].splitlines()) == size + 3
+    t = p["random"]["timings"]
+    assert set(t) >= {"pack", "exchange", "local", "offdiag", "total", "hidden"}
+    assert 0 <= t["hidden"] <= t["total"]
+
+
+def test_node_local_devices(mpi_run):
+    """Without PYSPMV_CL_TEST_DEVICES: rank r (all on one node) gets device r modulo
+    the node's devices of the default kind."""
+    if os.environ.get("PYSPMV_CL_TEST_DEVICES"):
+        pytest.skip("PYSPMV_CL_TEST_DEVICES pins the ranks to one device")
+    out, summary = mpi_run
+    found = psc.devices()
+    kind = "gpu" if any(d.profile.device_type == "gpu" for d in found) else "cpu"
+    same_kind = [d.id for d in found if d.profile.device_type == kind]
+    got = [r["device"] for r in summary["products"]["random"]["ranks"]]
+    assert got == [same_kind[r % len(same_kind)] for r in range(summary["size"])]
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_bad_input_same_error_on_every_rank(mpi_run, case):
+    _, summary = mpi_run
+    messages = summary["errors"][case]
+    assert len(messages) == summary["size"]
+    assert messages[0] is not None and ERRORS[case] in messages[0], messages
+    assert len(set(messages)) == 1, messages
+
+
+@pytest.mark.parametrize("M", ["None", "jacobi"])
+def test_cg_converges_to_scipy_and_one_rank(mpi_run, M):
+    out, summary = mpi_run
+    A, f = load(out, "cg")
+    b = f["b"]
+    exact = spla.spsolve(A.tocsc(), b)
+    res = summary["cg"][M]
+    assert res["info"] == 0 and res["info_dev"] == 0 and res["info_one_rank"] == 0
+    scale = np.abs(exact).max()
+    for key in ("x", "x_dev", "x_one_rank"):
+        assert np.abs(np.array(res[key]) - exact).max() <= 1e-8 * scale, key
+    assert np.abs(np.array(res["x"]) - np.array(res["x_one_rank"])).max() <= 1e-9 * scale
+    assert abs(res["iterations"] - res["iterations_one_rank"]) <= 2
+    x_sp, info = spla.cg(A, b, rtol=1e-10, maxiter=500) if _has_rtol() else \
+        spla.cg(A, b, tol=1e-10, maxiter=500)
+    assert info == 0 and np.abs(np.array(res["x"]) - x_sp).max() <= 1e-8 * scale
+
+
+def _has_rtol():
+    import inspect
+    return "rtol" in inspect.signature(spla.cg).parameters
+
+
+def test_auto_formats_np2(tmp_path_factory):
+    """format="auto" per block (2 ranks only: it compiles the chosen formats)."""
+    out, summary = run_driver(2, tmp_path_factory)
+    A, f = load(out, "auto_formats")
+    assert_close(f["y"], reference(A, f["x"]), A, f["x"], np.float64)
+    assert_close(f["y_ab"], reference(A, f["x"], 2.0, -0.5, f["y0"]), A, f["x"],
+                 np.float64)
+
+
+def test_readme_example_runs_under_mpiexec(tmp_path):
+    """README's "Distributed (MPI)" script, as written, under ``mpiexec -n 2``."""
+    if MISSING:
+        pytest.fail(f"CI is set but the MPI tests cannot run: {MISSING}")
+    text = (HERE.parent / "README.md").read_text(encoding="utf-8")
+    script = re.search(r"cat > spmv_mpi.py <<'END'\n(.*?)\nEND\n", text, re.S).group(1)
+    (tmp_path / "spmv_mpi.py").write_text(script)
+    env = dict(os.environ, POCL_MAX_PTHREAD_COUNT="1", PYTHONPATH=os.pathsep.join(
+        filter(None, [str(Path(psc.__file__).resolve().parents[1]),
+                      os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "spmv_mpi.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "balance (max/mean)" in run.stdout
+    finals = [line.split() for line in run.stdout.splitlines() if line[:2] in ("0 ", "1 ")]
+    assert len(finals) == 2 and all(f[2] == "0" for f in finals), run.stdout

@@ -1,0 +1,197 @@
+"""The distributed layout's partition and communication plan, without MPI: every rank
+simulated in one process (pyspmv_cl.distributed.plan), compared with scipy."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import assert_close, reference
+
+from pyspmv_cl.bench import generators
+from pyspmv_cl.distributed import plan as dp
+from pyspmv_cl.errors import InvalidInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lower_banded(n, k=3):
+    """Row i holds columns i-k..i: the first rank needs no ghosts (it only sends)."""
+    return sp.diags([np.full(n - d, d + 1.0) for d in range(k + 1)],
+                    [-d for d in range(k + 1)], shape=(n, n), format="csr")
+
+
+def matrices():
+    yield "random", generators.random_uniform(300, 300, 6, seed=1)
+    yield "banded", generators.banded(400, 7, seed=2)
+    yield "power_law", generators.power_law(500, 6, seed=3)
+    yield "lower_banded", lower_banded(200)
+    yield "rect_wide", generators.random_uniform(90, 250, 5, seed=4)
+    yield "rect_tall", generators.random_uniform(250, 60, 4, seed=5)
+    yield "empty_rows", sp.csr_matrix((np.ones(3), ([0, 50, 99], [99, 0, 50])),
+                                      shape=(100, 100))
+
+
+MATRICES = dict(matrices())
+
+
+def offsets_for(A, nparts, how):
+    if how == "all_on_first":
+        return np.array([0] + [A.shape[0]] * nparts)
+    if how == "all_on_last":
+        return np.array([0] * nparts + [A.shape[0]])
+    return dp.partition_rows(A.indptr, nparts, how)
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nparts", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("how", ["nnz", "rows", "all_on_first", "all_on_last"])
+def test_simulated_product_matches_scipy(name, nparts, how, rng):
+    A = MATRICES[name]
+    offsets = offsets_for(A, nparts, how)
+    parts = dp.simulate(A, offsets)
+    m, n = A.shape
+    col_offsets = offsets if m == n else dp.even_offsets(n, nparts)
+    x = rng.standard_normal(n)
+    y = dp.simulate_product(parts, x, offsets, col_offsets)
+    assert_close(y, reference(A, x), A, x, np.float64)
+    # Every entry lands in exactly one block.
+    assert sum(d.nnz + o.nnz for d, o, _ in parts) == A.nnz
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nparts", [2, 4, 5])
+def test_plans_are_consistent(name, nparts):
+    A = MATRICES[name]
+    offsets = dp.partition_rows(A.indptr, nparts, "nnz")
+    m, n = A.shape
+    cols = offsets if m == n else dp.even_offsets(n, nparts)
+    parts = dp.simulate(A, offsets)
+    for p, (diag, offdiag, plan) in enumerate(parts):
+        g = plan.garray
+        assert np.all(np.diff(g) > 0), "ghosts sorted and unique"
+        assert not np.any((g >= cols[p]) & (g < cols[p + 1])), "no owned column is a ghost"
+        assert diag.shape == (offsets[p + 1] - offsets[p], cols[p + 1] - cols[p])
+        assert offdiag.shape == (diag.shape[0], len(g))
+        # Each receive slice is owned by its sender; the sender sends exactly it.
+        for i, q in enumerate(plan.recv_ranks):
+            ids = g[plan.recv_ptr[i]:plan.recv_ptr[i + 1]]
+            assert np.all((ids >= cols[q]) & (ids < cols[q + 1]))
+            sender = parts[q][2]
+            j = int(np.flatnonzero(sender.send_ranks == p)[0])
+            sent = sender.send_idx[sender.send_ptr[j]:sender.send_ptr[j + 1]] + cols[q]
+            assert np.array_equal(sent, ids)
+        # Send and receive sizes are each other's transpose.
+        for q, count in plan.sizes()["send"].items():
+            assert parts[q][2].sizes()["recv"][p] == count
+    # The row block rebuilt from both blocks is the original.
+    for p, (diag, offdiag, plan) in enumerate(parts):
+        rebuilt = sp.hstack([diag, offdiag]).tocsr()
+        cols_global = np.concatenate([np.arange(cols[p], cols[p + 1]), plan.garray])
+        block = sp.csr_matrix((rebuilt.data, cols_global[rebuilt.indices], rebuilt.indptr),
+                              shape=(diag.shape[0], n))
+        diff = block - A[offsets[p]:offsets[p + 1]]
+        assert abs(diff).sum() == 0
+
+
+def test_rank_without_ghosts():
+    A = lower_banded(200)
+    parts = dp.simulate(A, dp.partition_rows(A.indptr, 4, "rows"))
+    first = parts[0][2]
+    assert first.n_ghosts == 0 and first.n_send > 0 and parts[0][1].nnz == 0
+    assert all(p.n_ghosts > 0 for _, _, p in parts[1:])
+
+
+def test_empty_ranks_more_ranks_than_rows(rng):
+    A = sp.csr_matrix(rng.standard_normal((3, 3)))
+    offsets = dp.partition_rows(A.indptr, 5, "nnz")
+    assert offsets[0] == 0 and offsets[-1] == 3 and np.all(np.diff(offsets) >= 0)
+    assert np.count_nonzero(np.diff(offsets) == 0) == 2
+    parts = dp.simulate(A, offsets)
+    x = rng.standard_normal(3)
+    assert_close(dp.simulate_product(parts, x, offsets, offsets), reference(A, x), A, x,
+                 np.float64)
+    for (d, _o, plan), size in zip(parts, np.diff(offsets)):
+        if size == 0:
+            assert d.shape == (0, 0) and plan.n_ghosts == 0 and plan.n_send == 0
+
+
+def test_owner_of_skips_empty_ranks():
+    offsets = np.array([0, 0, 4, 4, 4, 9, 9])
+    assert dp.owner_of([0, 3, 4, 8], offsets).tolist() == [1, 1, 4, 4]
+
+
+def test_partition_by_rows_is_petsc_split():
+    assert dp.even_offsets(10, 4).tolist() == [0, 3, 6, 8, 10]
+    indptr = np.arange(11)
+    assert dp.partition_rows(indptr, 4, "rows").tolist() == [0, 3, 6, 8, 10]
+
+
+def test_partition_by_nnz_balances():
+    A = generators.power_law(20000, 8, seed=7)
+    weight = np.diff(A.indptr) + 1
+    longest = weight.max()
+    for nparts in (2, 3, 8):
+        offsets = dp.partition_rows(A.indptr, nparts, "nnz")
+        per = np.add.reduceat(weight, offsets[:-1]) if nparts else None
+        target = weight.sum() / nparts
+        # Each boundary is within one row of its target: parts within 2 rows' weight.
+        assert np.all(np.abs(per - target) <= 2 * longest), (per, target, longest)
+    by_rows = dp.partition_rows(A.indptr, 8, "rows")
+    by_nnz = dp.partition_rows(A.indptr, 8, "nnz")
+    nnz_rows = np.add.reduceat(np.diff(A.indptr), by_rows[:-1])
+    nnz_nnz = np.add.reduceat(np.diff(A.indptr), by_nnz[:-1])
+    assert nnz_nnz.max() / nnz_nnz.mean() <= nnz_rows.max() / nnz_rows.mean() + 1e-9
+
+
+def test_partition_edge_cases():
+    assert dp.partition_rows(np.zeros(1, dtype=int), 3).tolist() == [0, 0, 0, 0]
+    one_heavy = np.array([0, 1000, 1001, 1002, 1003])   # row 0 holds nearly everything
+    offsets = dp.partition_rows(one_heavy, 2)
+    assert offsets.tolist()[0] == 0 and offsets[-1] == 4 and np.all(np.diff(offsets) >= 0)
+    with pytest.raises(InvalidInputError, match="partition"):
+        dp.partition_rows(one_heavy, 2, "metis")
+    with pytest.raises(InvalidInputError, match="rise from 0"):
+        dp.simulate(sp.eye(4, format="csr"), [0, 3, 2, 4])
+    with pytest.raises(InvalidInputError, match="at least one"):
+        dp.partition_rows(one_heavy, 0)
+
+
+def test_split_block_keeps_duplicates_and_order():
+    # Two entries at (0, 5) and one owned, one ghost column per row.
+    block = sp.csr_matrix((np.array([1.0, 2.0, 3.0, 4.0]), np.array([5, 0, 5, 2]),
+                           np.array([0, 3, 4])), shape=(2, 8))
+    diag, off, garray = dp.split_block(block, 2, 4)
+    assert garray.tolist() == [0, 5]
+    assert diag.toarray().tolist() == [[0, 0], [4.0, 0]]
+    assert off.indices.tolist() == [1, 0, 1] and off.data.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_package_imports_without_mpi4py():
+    """pyspmv_cl and pyspmv_cl.distributed (the plan functions) import and work with
+    mpi4py unavailable; making an operator then says how to install it."""
+    code = (
+        "import sys; sys.modules['mpi4py'] = None\n"
+        "import numpy as np, scipy.sparse as sp\n"
+        "import pyspmv_cl, pyspmv_cl.distributed as psd\n"
+        "A = sp.eye(6, format='csr')\n"
+        "parts = psd.plan.simulate(A, psd.partition_rows(A.indptr, 2))\n"
+        "assert len(parts) == 2\n"
+        "try:\n"
+        "    psd.SpMV(A, row_start=0, shape=(6, 6))\n"
+        "except ImportError as exc:\n"
+        "    assert 'pyspmv-cl[mpi]' in str(exc), exc\n"
+        "    print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_core_does_not_import_mpi4py():
+    code = ("import sys, pyspmv_cl, pyspmv_cl.distributed\n"
+            "assert 'mpi4py' not in sys.modules, 'mpi4py imported'\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
