@@ -81,9 +81,10 @@ ${c.store_y("out", "sum")}
 
 % if device_conversion:
 ## Conversion on the device from a CSR already there: sell_pad fills every slot with
-## column -1 and value 0, then one work-item per row scatters its entries to their
-## slots (entry j of row r at row_base[r] + j*C; row_base, one number per row, comes
-## from the host's slice layout).
+## column -1 and value 0; with has_perm, sell_positions inverts the sort (row r sits at
+## position[r]); then one work-item per row scatters its entries: the k-th of row r,
+## at position p = s*C + lane, to slot slice_ptr[s] + k*C + lane.  The host computes
+## only the sort and slice_ptr (one number per slice).
 ${signature("sell_pad")}
 {
     const long slot = get_global_id(0);
@@ -93,14 +94,29 @@ ${signature("sell_pad")}
     }
 }
 
+% if has_perm:
+${signature("sell_positions")}
+{
+    const long p = get_global_id(0);
+    if (p < n_rows)
+        position_out[perm_in[p]] = (index_t)p;
+}
+% endif
+
 ${signature("sell_scatter")}
 {
     const long row = get_global_id(0);
     if (row < n_rows) {
-        const long base = row_base[row];
+% if has_perm:
+        const long p = position_in[row];
+% else:
+        const long p = row;
+% endif
+        // C is a power of two: a shift and a mask (a division here makes LLVM emit
+        // a "freeze", which Oclgrind cannot check)
+        long slot = (long)slice_ptr_in[p >> ${C.bit_length() - 1}] + (p & (C - 1));
         const index_t end = csr_row_ptr[row + 1];
-        for (index_t j = csr_row_ptr[row]; j < end; ++j) {
-            const long slot = base + (long)j * C;
+        for (index_t j = csr_row_ptr[row]; j < end; ++j, slot += C) {
             col_idx_out[slot] = csr_col_idx[j];
             values_out[slot] = csr_values[j];
         }

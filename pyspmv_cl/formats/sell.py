@@ -284,11 +284,17 @@ class SELL(SpMVFormat):
             specs.append(KernelSpec("sell_pad", (
                 scalar("n_slots", "long"), scratch("col_idx_out", "index_t"),
                 scratch("values_out", "real_t"))))
+            if self._has_perm:
+                specs.append(KernelSpec("sell_positions", (
+                    scalar("n_rows", "long"), scratch("perm_in", "index_t", read_only=True),
+                    scratch("position_out", "index_t"))))
             specs.append(KernelSpec("sell_scatter", (
                 scalar("n_rows", "long"), matrix("csr_row_ptr", "index_t"),
                 matrix("csr_col_idx", "index_t"), matrix("csr_values", "real_t"),
-                matrix("row_base", "long"), scratch("col_idx_out", "index_t"),
-                scratch("values_out", "real_t"))))
+                scratch("slice_ptr_in", "index_t", read_only=True),
+                *((scratch("position_in", "index_t", read_only=True),)
+                  if self._has_perm else ()),
+                scratch("col_idx_out", "index_t"), scratch("values_out", "real_t"))))
         return specs
 
     def local_bytes(self, work_group_size):
@@ -335,9 +341,11 @@ class SELL(SpMVFormat):
                 "values": values}
 
     def convert_device(self, csr):
-        """The same arrays made on the device from a CSR there: the layout (one number
-        per row or slice) on the host, the non-zeros scattered by ``sell_scatter``."""
-        row_base, _, perm, slice_ptr = self._row_base()
+        """The same arrays made on the device from a CSR there: the sort and the slice
+        layout (one number per slice) on the host, the rest by ``sell_positions`` and
+        ``sell_scatter`` (no per-row array made on the host: 5.1M rows cost 0.09 s)."""
+        _, _, perm, slice_ptr = self._layout
+        del self._layout
         queue = self.device.queue
         n_slots = int(slice_ptr[-1])
         col_idx = cla.empty(queue, n_slots, self.index_dtype)
@@ -345,18 +353,26 @@ class SELL(SpMVFormat):
         arrays = {name: cla.to_device(queue, arr)
                   for name, arr in self._layout_arrays(perm, slice_ptr).items()}
         wg = min(SCATTER_GROUP, self.profile.max_work_group_size)
+        m = self.shape[0]
         steps = []
         if n_slots:
             steps.append(self.step("sell_pad", round_up(n_slots, wg), wg, n_slots=n_slots,
                                    col_idx_out=col_idx.base_data,
                                    values_out=values.base_data))
         if csr.nnz:
+            where = {}
+            if self._has_perm:
+                position = cla.empty(queue, m, self.index_dtype)
+                steps.append(self.step("sell_positions", round_up(m, wg), wg, n_rows=m,
+                                       perm_in=arrays["perm"].base_data,
+                                       position_out=position.base_data))
+                where = {"position_in": position.base_data}
             steps.append(self.step(
-                "sell_scatter", round_up(self.shape[0], wg), wg, n_rows=self.shape[0],
+                "sell_scatter", round_up(m, wg), wg, n_rows=m,
                 csr_row_ptr=csr.as_type("indptr", self.index_dtype, queue).base_data,
                 csr_col_idx=csr.as_type("indices", self.index_dtype, queue).base_data,
                 csr_values=csr.as_type("data", self.dtype, queue).base_data,
-                row_base=cla.to_device(queue, row_base).base_data,
+                slice_ptr_in=arrays["slice_ptr"].base_data, **where,
                 col_idx_out=col_idx.base_data, values_out=values.base_data))
         self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
