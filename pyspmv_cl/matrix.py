@@ -7,6 +7,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 
+from . import codegen
 from .adjoint import (
     TransposedCopy,
     TransposedView,
@@ -15,6 +16,7 @@ from .adjoint import (
     linear_operator,
     rmatmul,
 )
+from .cache import get_program
 from .device import get_device
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import (
@@ -29,7 +31,7 @@ from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
-from .launching import in_order
+from .launching import in_order, launch_kernel
 from .tuning.tuner import select
 
 
@@ -157,6 +159,7 @@ class SpMV:
         self._online = self.tuning.online if self.tuning is not None else None
         self._transposed = None      # adjoint.TransposedCopy, made by the first A^T product
         self._transposed_view = None
+        self._column_copy = None     # the strided copy kernel of _device_columns
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -210,8 +213,8 @@ class SpMV:
         operator's context, contiguous and at offset 0 of their buffer (they stay on
         the device; the call then returns without waiting, ordered by the arrays'
         events).  ``out`` may be ``x`` or overlap it.  With ``beta == 0`` the old contents of
-        ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; a host ``x`` of shape
-        ``(n, k)`` is multiplied column by column.
+        ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; an ``x`` of shape
+        ``(n, k)`` is a block of vectors (see ``matmat``).
 
         Types (numpy's promotion): without ``out`` the result has dtype
         ``numpy.result_type(op.dtype, x.dtype)``.  The kernel always computes in
@@ -449,32 +452,38 @@ class SpMV:
 
     def _device_columns(self, x_buf, y_buf, k, alpha, beta, wait_for):
         """A device block product for a format without block kernels: per column, a
-        rectangular copy of column j of the row-major X into a vector, one product,
-        and a copy of the result into column j of Y."""
-        (m, n), size = self.shape, self.dtype.itemsize
+        strided copy of column j of the row-major X into a vector, one product, and a
+        copy of the result into column j of Y (a small kernel rather than
+        clEnqueueCopyBufferRect, whose writes Oclgrind does not see as initialising)."""
+        m, n = self.shape
         xs, ys = self._block_staging("x_column", n), self._block_staging("y_column", m)
-        queue, event = self.queue, None
+        if self._column_copy is None:
+            source = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                      if self.dtype == np.float64 and codegen.needs_fp64_pragma(
+                          self.device.profile.opencl_c_version) else "")
+            source += f"typedef {codegen.c_type(self.dtype)} real_t;\n"
+            program = get_program(self.device.context, self.device.cl_device,
+                                  source + codegen.helper("strided_copy.cl"))
+            self._column_copy = program.all_kernels()[0]
+        kernel, event = self._column_copy, None
+        group = min(64, self.device.profile.max_work_group_size)
+        i64 = np.int64
 
-        def column_copy(dest, src, rows, dest_origin, src_origin, dest_pitch, src_pitch,
-                        waits):
-            return cl.enqueue_copy(queue, dest, src, src_origin=src_origin,
-                                   dst_origin=dest_origin, region=(size, rows, 1),
-                                   src_pitches=(src_pitch, src_pitch * rows),
-                                   dst_pitches=(dest_pitch, dest_pitch * rows),
-                                   wait_for=waits)
+        def copy(dest, dest_stride, dest_offset, src, src_stride, src_offset, count, waits):
+            kernel.set_args(src, i64(src_stride), i64(src_offset), dest, i64(dest_stride),
+                            i64(dest_offset), i64(count))
+            return launch_kernel(self.queue, kernel, -(-count // group) * group, group,
+                                 wait_for=waits or None)
 
         for j in range(k):
-            waits = list(wait_for or ()) if event is None else [event]
+            waits = self._after_previous(list(wait_for or ()) if event is None else [event])
             copies = []
             if n:
-                copies.append(column_copy(xs, x_buf, n, (0, 0, 0), (j * size, 0, 0), size,
-                                          k * size, self._after_previous(waits)))
+                copies.append(copy(xs, 1, 0, x_buf, k, j, n, waits))
             if beta != 0:
-                copies.append(column_copy(ys, y_buf, m, (0, 0, 0), (j * size, 0, 0), size,
-                                          k * size, self._after_previous(waits)))
-            event = self._launch(xs, ys, alpha, beta, wait_for=copies or waits or None)
-            event = column_copy(y_buf, ys, m, (j * size, 0, 0), (0, 0, 0), k * size, size,
-                                [event])
+                copies.append(copy(ys, 1, 0, y_buf, k, j, m, waits))
+            event = self._launch(xs, ys, alpha, beta, wait_for=copies or waits)
+            event = copy(y_buf, k, j, ys, 1, 0, m, [event])
             if not self._queue_in_order:
                 self._previous = event
         return event
