@@ -20,6 +20,7 @@ from .errors import (
     PySpMVError,
     UnknownParameterError,
     UnsupportedDtypeError,
+    UnsupportedLayoutError,
 )
 from .formats import FORMATS as _FORMATS
 from .matrix import SpMV, spmv
@@ -41,5 +42,5 @@ __all__ = [
     "DeviceProfile", "PySpMVError", "UnsupportedDtypeError", "DeviceCapabilityError",
     "DeviceMemoryError", "IndexOverflowError", "FormatNotSuitableError",
     "DeviceNotFoundError", "KernelBuildError", "InvalidParameterError", "UnknownParameterError",
-    "InvalidInputError",
+    "InvalidInputError", "UnsupportedLayoutError",
 ]

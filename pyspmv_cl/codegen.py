@@ -84,6 +84,13 @@ ALPHA_ARG = Arg("alpha", "real_t", ALPHA)
 BETA_ARG = Arg("beta", "real_t", BETA)
 #: The operands most kernels end with: x, y, alpha, beta.
 PRODUCT_ARGS = (X_ARG, Y_ARG, ALPHA_ARG, BETA_ARG)
+#: The operands of a multi-vector (block) kernel: x and y hold row-major blocks, entry
+#: (i, j) of the block at ``x[i * ldx + x_col + j]`` (``y[i * ldy + y_col + j]``) for
+#: j < the kernel's compile-time ``KB``; the four scalars are given by the driver
+#: (``SpMVFormat.enqueue_block``), never by a format.
+BLOCK_ARGS = (X_ARG, Y_ARG, ALPHA_ARG, BETA_ARG, Arg("ldx", "long", SCALAR),
+              Arg("x_col", "long", SCALAR), Arg("ldy", "long", SCALAR),
+              Arg("y_col", "long", SCALAR))
 
 
 @dataclasses.dataclass(frozen=True)

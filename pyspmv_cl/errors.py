@@ -56,3 +56,8 @@ class UnknownParameterError(PySpMVError, TypeError):
 
 class InvalidInputError(PySpMVError, ValueError):
     """A matrix, vector or shape that is malformed or does not fit the operator."""
+
+
+class UnsupportedLayoutError(InvalidInputError):
+    """A device array in a memory layout a product does not take (e.g. a column-major
+    block of vectors)."""

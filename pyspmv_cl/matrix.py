@@ -7,6 +7,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 
+from . import codegen
 from .adjoint import (
     TransposedCopy,
     TransposedView,
@@ -15,6 +16,7 @@ from .adjoint import (
     linear_operator,
     rmatmul,
 )
+from .cache import get_program
 from .device import get_device
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import (
@@ -22,13 +24,14 @@ from .errors import (
     InvalidInputError,
     UnknownParameterError,
     UnsupportedDtypeError,
+    UnsupportedLayoutError,
 )
 from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
 from .inputs import as_host_csr, check_real_scalar, resolve_dtype
-from .launching import in_order
+from .launching import in_order, launch_kernel
 from .tuning.tuner import select
 
 
@@ -156,6 +159,7 @@ class SpMV:
         self._online = self.tuning.online if self.tuning is not None else None
         self._transposed = None      # adjoint.TransposedCopy, made by the first A^T product
         self._transposed_view = None
+        self._column_copy = None     # the strided copy kernel of _device_columns
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -209,8 +213,8 @@ class SpMV:
         operator's context, contiguous and at offset 0 of their buffer (they stay on
         the device; the call then returns without waiting, ordered by the arrays'
         events).  ``out`` may be ``x`` or overlap it.  With ``beta == 0`` the old contents of
-        ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; a host ``x`` of shape
-        ``(n, k)`` is multiplied column by column.
+        ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; an ``x`` of shape
+        ``(n, k)`` is a block of vectors (see ``matmat``).
 
         Types (numpy's promotion): without ``out`` the result has dtype
         ``numpy.result_type(op.dtype, x.dtype)``.  The kernel always computes in
@@ -235,9 +239,17 @@ class SpMV:
             return self._matvec_host(x, out, alpha, beta)
 
     def matmat(self, X, out=None, alpha=1.0, beta=0.0):
-        """``alpha * A @ X + beta * out`` for a 2-D ``X`` of shape ``(n, k)``, one
-        product per column (a multi-vector kernel, reading A once for all columns, is
-        separate work).  Types and arguments as in ``matvec``."""
+        """``alpha * A @ X + beta * out`` for a 2-D ``X`` of shape ``(n, k)`` (``op @ X``
+        does the same).  Types and arguments as in ``matvec``.
+
+        Formats with block kernels (``op.has_block_kernels``: csr-scalar, csr-vector
+        with ``mapping="rows"``, ell, sell) read the matrix once per block of up to 16
+        vectors (``k`` is cut into blocks of 16, 8, 4, 2, 1), from a row-major ``n x
+        k`` copy of X on the device: a host ``X`` of any order, a view included, is
+        copied into one (and the result read back from a row-major ``m x k`` block);
+        a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays at
+        offset 0 (others: ``UnsupportedLayoutError``).  Other formats multiply column
+        by column (device arrays through a column copy on the device)."""
         check_block(X, "matmat")
         return self.matvec(X, out=out, alpha=alpha, beta=beta)
 
@@ -332,11 +344,18 @@ class SpMV:
             return wait_for
         return [*(wait_for or ()), self._previous]
 
-    def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None):
+    def _launch(self, x_buf, y_buf, alpha, beta, wait_for=None, block=None):
+        """One product: a vector (``block`` None), or ``block`` = k vectors as
+        row-major blocks (the format's block kernels)."""
         if self._online is not None:
             self._poll_online()
-        event = self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta,
-                                   wait_for=self._after_previous(wait_for))
+        if block is None:
+            event = self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta,
+                                       wait_for=self._after_previous(wait_for))
+        else:
+            event = self._impl.enqueue_block(self.queue, x_buf, y_buf, block, block, block,
+                                             alpha, beta,
+                                             wait_for=self._after_previous(wait_for))
         if not self._queue_in_order:
             self._previous = event
         if self._online is not None:
@@ -391,6 +410,84 @@ class SpMV:
                 self._poll_online()
         return tuning.state
 
+    @property
+    def has_block_kernels(self) -> bool:
+        """Whether the current format multiplies a block of vectors with kernels that
+        read the matrix once per block (else ``matmat`` runs one product per column)."""
+        return self._impl.has_block_kernels
+
+    def _matmat_host(self, X, out, alpha, beta, result_dtype):
+        """Host block product: X as a row-major ``n x k`` block on the device, one
+        block product, Y read back (see ``matmat``)."""
+        (m, n), k = self.shape, X.shape[1]
+        result = out if out is not None else np.empty((m, k), dtype=result_dtype)
+        if m == 0 or k == 0:
+            return result
+        queue = self.queue
+        x_host = np.ascontiguousarray(X, dtype=self.dtype)   # row-major, op.dtype
+        x_buf = self._block_staging("X", n * k)
+        y_buf = self._block_staging("Y", m * k)
+        uploads = []
+        if n:
+            uploads.append(cl.enqueue_copy(queue, x_buf, x_host, is_blocking=False))
+        if beta != 0:
+            uploads.append(cl.enqueue_copy(
+                queue, y_buf, np.ascontiguousarray(out, dtype=self.dtype), is_blocking=False))
+        event = self._launch(x_buf, y_buf, alpha, beta, wait_for=uploads, block=k)
+        direct = result.dtype == self.dtype and result.flags.c_contiguous
+        y_host = result if direct else np.empty((m, k), dtype=self.dtype)
+        cl.enqueue_copy(queue, y_host, y_buf, wait_for=[event], is_blocking=True)
+        if not direct:
+            result[...] = y_host
+        return result
+
+    def _block_staging(self, role, count):
+        """A staging buffer of at least ``count`` values (grown when too small)."""
+        nbytes = max(1, int(count)) * self.dtype.itemsize
+        buf = self._staging.get(role)
+        if buf is None or buf.size < nbytes:
+            buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, nbytes)
+            self._staging[role] = buf
+        return buf
+
+    def _device_columns(self, x_buf, y_buf, k, alpha, beta, wait_for):
+        """A device block product for a format without block kernels: per column, a
+        strided copy of column j of the row-major X into a vector, one product, and a
+        copy of the result into column j of Y (a small kernel rather than
+        clEnqueueCopyBufferRect, whose writes Oclgrind does not see as initialising)."""
+        m, n = self.shape
+        xs, ys = self._block_staging("x_column", n), self._block_staging("y_column", m)
+        if self._column_copy is None:
+            source = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                      if self.dtype == np.float64 and codegen.needs_fp64_pragma(
+                          self.device.profile.opencl_c_version) else "")
+            source += f"typedef {codegen.c_type(self.dtype)} real_t;\n"
+            program = get_program(self.device.context, self.device.cl_device,
+                                  source + codegen.helper("strided_copy.cl"))
+            self._column_copy = program.all_kernels()[0]
+        kernel, event = self._column_copy, None
+        group = min(64, self.device.profile.max_work_group_size)
+        i64 = np.int64
+
+        def copy(dest, dest_stride, dest_offset, src, src_stride, src_offset, count, waits):
+            kernel.set_args(src, i64(src_stride), i64(src_offset), dest, i64(dest_stride),
+                            i64(dest_offset), i64(count))
+            return launch_kernel(self.queue, kernel, -(-count // group) * group, group,
+                                 wait_for=waits or None)
+
+        for j in range(k):
+            waits = self._after_previous(list(wait_for or ()) if event is None else [event])
+            copies = []
+            if n:
+                copies.append(copy(xs, 1, 0, x_buf, k, j, n, waits))
+            if beta != 0:
+                copies.append(copy(ys, 1, 0, y_buf, k, j, m, waits))
+            event = self._launch(xs, ys, alpha, beta, wait_for=copies or waits)
+            event = copy(y_buf, k, j, ys, 1, 0, m, [event])
+            if not self._queue_in_order:
+                self._previous = event
+        return event
+
     def _matvec_host(self, x, out, alpha, beta):
         if x is None or sp.issparse(x) or isinstance(x, (str, bytes, dict, set)):
             raise TypeError(f"x must be a dense vector (a numpy or pyopencl array of "
@@ -410,6 +507,8 @@ class SpMV:
             if out.dtype.kind != "f":
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
             self._check_out(out, expected)
+        if x.ndim == 2 and x.shape[1] != 1 and self.has_block_kernels:
+            return self._matmat_host(x, out, alpha, beta, result_dtype)
         if x.ndim == 2 and x.shape[1] != 1:
             if out is not None and np.may_share_memory(x, out):
                 # Column j of out is written before column j + 1 of x is read: a view
@@ -468,10 +567,20 @@ class SpMV:
             raise InvalidInputError(f"{name} must start at the beginning of its buffer (offset 0)")
         return arr.base_data
 
+    def _device_product(self, x_buf, y_buf, alpha, beta, wait_for, block):
+        """The product on device buffers: a vector (``block`` None) or a row-major
+        block of ``block`` vectors (block kernels, else column by column)."""
+        if block is None or self._impl.has_block_kernels:
+            return self._launch(x_buf, y_buf, alpha, beta, wait_for=wait_for, block=block)
+        return self._device_columns(x_buf, y_buf, block, alpha, beta, wait_for)
+
     def _matvec_device(self, x, out, alpha, beta):
         self._check_x_shape(x.shape)
-        if x.ndim == 2 and x.shape[1] != 1:
-            raise InvalidInputError("device-resident x must be 1-D or (n, 1)")
+        block = x.shape[1] if x.ndim == 2 and x.shape[1] != 1 else None
+        if block is not None:
+            _check_row_major(x, "x")
+            if out is not None and _is_device_array(out):
+                _check_row_major(out, "out")
         expected = self._out_shape(x.shape)
         self._check_device_dtype(x, "x")
         x_buf = self._device_buffer(x, "x")
@@ -482,10 +591,10 @@ class SpMV:
         self._check_out(out, expected)
         self._check_device_dtype(out, "out")
         y_buf = self._device_buffer(out, "out")
-        if self.shape[0] == 0:
+        if self.shape[0] == 0 or block == 0:
             return out
         if x.dtype != self.dtype or out.dtype != self.dtype:
-            return self._matvec_device_cast(x, out, alpha, beta)
+            return self._matvec_device_cast(x, out, alpha, beta, block)
         ordered = self._queue_in_order
         x_ordered = ordered and x.queue is self.queue
         out_ordered = ordered and out.queue is self.queue
@@ -497,11 +606,11 @@ class SpMV:
             # sub-buffers of one buffer: the kernels would read x while writing it (and
             # OpenCL leaves a kernel writing a buffer and reading its sub-buffer
             # undefined).  Multiply a copy of x instead (x starts at its buffer's start).
-            copy = self._staging_buffer("x_alias", self.shape[1])
+            copy = self._block_staging("x_alias", x.size)
             wait_for = [cl.enqueue_copy(self.queue, copy, x_buf, byte_count=x.nbytes,
                                         wait_for=self._after_previous(wait_for))]
             x_buf = copy
-        event = self._launch(x_buf, y_buf, alpha, beta, wait_for=wait_for)
+        event = self._device_product(x_buf, y_buf, alpha, beta, wait_for, block)
         # Arrays on this in-order queue need no event: whatever comes next on it waits
         # anyway, and pyopencl's add_event blocks on older events every few calls (it
         # made a product on device arrays 3x slower than its kernel launch on PoCL).
@@ -511,7 +620,7 @@ class SpMV:
             x.add_event(event)
         return out
 
-    def _matvec_device_cast(self, x, out, alpha, beta):
+    def _matvec_device_cast(self, x, out, alpha, beta, block=None):
         """The device product with x or out of the other float type: through
         temporaries in the operator's dtype, cast by pyopencl's copy kernel."""
         queue, events = self.queue, []
@@ -534,9 +643,9 @@ class SpMV:
                 wait_for += cast(y_work, out, out.events)
         else:
             wait_for += list(out.events)
-        event = self._launch(self._device_buffer(x_work, "x"),
-                             self._device_buffer(y_work, "out"), alpha, beta,
-                             wait_for=wait_for or None)
+        event = self._device_product(self._device_buffer(x_work, "x"),
+                                     self._device_buffer(y_work, "out"), alpha, beta,
+                                     wait_for or None, block)
         if y_work is not out:
             event = cast(out, y_work, [event] + list(out.events))[0]
         out.add_event(event)
@@ -587,6 +696,15 @@ class SpMV:
         ``bicg``, ``bicgstab``, ``lsqr``, ``lsmr``, ``eigsh``...).  The transposed
         products build the transposed copy on first use (see ``rmatvec``)."""
         return linear_operator(self)
+
+
+def _check_row_major(arr, name):
+    """A device block must be C-contiguous (row-major: a row's vectors side by side)."""
+    if arr.size and not arr.flags.c_contiguous:
+        raise UnsupportedLayoutError(
+            f"device-resident {name} of shape {tuple(arr.shape)} is not C-contiguous "
+            f"(row-major): block products take row-major device arrays; make one with "
+            f"cla.empty(queue, shape, dtype) (order 'C'), or pass a host array")
 
 
 def _not_for_the_chosen_format(params, chosen, why):

@@ -132,8 +132,27 @@ def products(op, A, dtype, rng, full):
         y0 = rng.standard_normal(m).astype(dtype)
         y = op.matvec(x, out=y0.copy(), alpha=2.0, beta=-0.5)
         check(y, A, x, dtype, 2.0, -0.5, y0)
-        return len(xs) + 1
+        return len(xs) + 1 + block_products(op, A, dtype, rng)
     return len(xs)
+
+
+def block_products(op, A, dtype, rng):
+    """Multi-vector products (block kernels where the format has them, else the column
+    loop): k = 3 (blocks of 2 and 1) into a fresh device block with beta == 0, and
+    k = 19 (16, 2, 1) on the host with beta != 0."""
+    m, n = A.shape
+    queue = op.queue
+    X = rng.standard_normal((n, 3))
+    X_d = cla.to_device(queue, X.astype(dtype))
+    Y_d = cla.empty(queue, (m, 3), dtype)
+    KEEP.extend([X_d, Y_d])
+    op.matmat(X_d, out=Y_d, alpha=0.5)
+    check(Y_d.get(), A, X, dtype, 0.5)
+    X = rng.standard_normal((n, 19))
+    Y0 = rng.standard_normal((m, 19)).astype(dtype)
+    Y = op.matmat(np.asfortranarray(X), out=Y0.copy(), alpha=2.0, beta=-0.5)
+    check(Y, A, X, dtype, 2.0, -0.5, Y0)
+    return 2
 
 
 def main(argv=None):

@@ -132,6 +132,10 @@ def launch_rows(n_rows: int, rows_per_group: int, work_group_size: int) -> tuple
     return groups * work_group_size, work_group_size
 
 
+#: The block widths of the formats with multi-vector kernels (vectors per launch).
+BLOCK_WIDTHS = (1, 2, 4, 8, 16)
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
@@ -320,6 +324,120 @@ class SpMVFormat:
         given because some launches are needed only when ``beta != 1``)."""
         raise NotImplementedError
 
+    # -- multi-vector products (optional) -------------------------------------------------
+    #: The block widths ``kb`` (vectors per launch, a compile-time constant of the
+    #: kernel) this format's block kernels take; 1 must be among them.  Empty: no block
+    #: kernels, and the operator multiplies a block of vectors column by column.
+    block_widths: typing.ClassVar[tuple] = ()
+    #: The template of the block kernels, rendered with ``block_width`` = kb besides
+    #: ``block_template_params(kb)`` (each width built on first use).
+    block_template: typing.ClassVar[str] = None
+
+    def supported_block_widths(self) -> tuple:
+        """The block widths this operator can use: ``block_widths`` less those whose
+        local memory (``block_local_bytes``) the device lacks, or () when the
+        parameters rule block kernels out (override to say so)."""
+        wg = self.params.get("work_group_size", 1)
+        return tuple(kb for kb in self.block_widths
+                     if self.block_local_bytes(kb, wg) <= self.profile.local_mem_size)
+
+    @property
+    def has_block_kernels(self) -> bool:
+        return 1 in self.supported_block_widths()
+
+    def block_kernel_specs(self, kb: int) -> Sequence[KernelSpec]:
+        """The block kernels of width ``kb``: their arguments end with
+        ``codegen.BLOCK_ARGS`` (x, y, alpha, beta, ldx, x_col, ldy, y_col)."""
+        raise NotImplementedError
+
+    def block_template_params(self, kb: int) -> dict:
+        return {**self.template_params(), "block_width": int(kb)}
+
+    def block_local_bytes(self, kb: int, work_group_size: int) -> int:
+        """Local memory a work-group of the width-``kb`` kernel uses."""
+        return 0
+
+    def block_min_work_group_size(self, kb: int) -> int:
+        return self.min_work_group_size()
+
+    def block_launches(self, kb: int, work_group_size: int, beta) -> list[Step]:
+        """The launches of one block product of width ``kb`` (the kernels built with
+        groups of ``work_group_size``), as ``launches``; ldx, x_col, ldy and y_col are
+        added by the driver."""
+        raise NotImplementedError
+
+    def block_plan(self, k: int) -> list[tuple[int, int]]:
+        """``(first column, width)`` of each block covering ``k`` vectors: the widest
+        supported width that fits, again and again (33 -> 16, 16, 1)."""
+        widths = sorted(self.supported_block_widths(), reverse=True)
+        plan, col = [], 0
+        while col < k:
+            kb = next(w for w in widths if w <= k - col)
+            plan.append((col, kb))
+            col += kb
+        return plan
+
+    def _block(self, kb: int):
+        """(kernels, specs, work-group size) of the width-``kb`` block kernels, built on
+        first use; the group size shrinks (to a power of two) where the compiled kernel
+        allows fewer work-items, without touching the matrix kernels' parameters."""
+        blocks = self.__dict__.setdefault("_blocks", {})
+        built = blocks.get(kb)
+        if built is not None:
+            return built
+        wg = int(self.params.get("work_group_size", 1))
+        while True:
+            program = ProgramSpec(self.block_template, tuple(self.block_kernel_specs(kb)),
+                                  self.block_template_params(kb))
+            kernels, limit = build_program(self.device, program, dtype=self.dtype,
+                                           index_dtype=self.index_dtype, work_group_size=wg)
+            if wg <= limit:
+                break
+            smaller = pow2_floor(limit)
+            if smaller < self.block_min_work_group_size(kb):
+                raise DeviceCapabilityError(
+                    f"{self.name}: the compiled block kernel (kb={kb}) allows work-groups "
+                    f"of at most {limit} work-items, fewer than it needs")
+            wg = smaller
+        built = blocks[kb] = (kernels, {k.name: k for k in program.kernels}, wg)
+        return built
+
+    def enqueue_block(self, queue, x_buf, y_buf, k, ldx, ldy, alpha, beta, wait_for=None):
+        """Enqueue ``Y = alpha * A @ X + beta * Y`` for ``k`` vectors held as row-major
+        blocks: entry (i, j) of X at ``x_buf[i * ldx + j]``, of Y at
+        ``y_buf[i * ldy + j]`` (Y not read when beta == 0), in blocks of the widths of
+        ``block_plan(k)``: each block reads the matrix once.  Returns the last event (a
+        marker when nothing is launched).  Kernel arguments are set only where they
+        changed since the kernel's last launch."""
+        real = self.dtype.type
+        alpha, beta = real(alpha), real(beta)
+        ordered = in_order(queue)
+        last_args = self.__dict__.setdefault("_block_args", {})
+        event = None
+        for col, kb in self.block_plan(int(k)):
+            kernels, specs, wg = self._block(kb)
+            for step in self.block_launches(kb, wg, beta):
+                step = step._replace(values={**step.values, "ldx": ldx, "x_col": col,
+                                             "ldy": ldy, "y_col": col})
+                launch = self._bind(step, x_buf, y_buf, alpha, beta, specs, kernels)
+                kernel, args = launch.kernel, launch.args
+                previous = last_args.get(kernel.function_name + f"/{kb}")
+                if previous is None:
+                    kernel.set_args(*args)
+                else:
+                    for i, (old, new) in enumerate(zip(previous, args)):
+                        if not (old is new or (type(old) is type(new) and old == new)):
+                            kernel.set_arg(i, new)
+                # Kept referenced while their handles sit in the kernel.
+                last_args[kernel.function_name + f"/{kb}"] = args
+                if event is not None:
+                    wait_for = None if ordered else [event]
+                event = enqueue_launch(queue, kernel, (int(launch.global_size),),
+                                       (int(launch.local_size),), wait_for=wait_for)
+        if event is None:
+            return cl.enqueue_marker(queue, wait_for=wait_for)
+        return event
+
     # -- shared helpers for formats ----------------------------------------------------
     def check_group_size(self, param: str = "work_group_size", local_bytes=None) -> int:
         """Validate ``self.params[param]`` against the device: at most its maximum
@@ -370,10 +488,14 @@ class SpMVFormat:
             self._specs.update({k.name: k for k in program.kernels})
 
     # -- launching ---------------------------------------------------------------------------
-    def _bind(self, step: Step, x_buf, y_buf, alpha, beta) -> Launch:
+    def _bind(self, step: Step, x_buf, y_buf, alpha, beta, specs=None,
+              kernels=None) -> Launch:
         """The arguments of ``step`` in declaration order: the values given by name, else
-        the default of each role."""
-        spec = self._specs[step.kernel]
+        the default of each role (``specs``/``kernels``: the block kernels' instead of
+        the product's)."""
+        specs = self._specs if specs is None else specs
+        kernels = self.kernels if kernels is None else kernels
+        spec = specs[step.kernel]
         operands = {X: x_buf, Y: y_buf, ALPHA: alpha, BETA: beta}
         values = {}
         for arg in spec.args:   # each role's default, unless given by name
@@ -389,7 +511,7 @@ class SpMVFormat:
             raise TypeError(f"{self.name}: kernel {spec.name} has no argument(s) "
                             f"{sorted(unknown)}")
         args = spec.bind({**values, **step.values}, self.scalar_types())
-        return Launch(self.kernels[step.kernel], args, step.global_size, step.local_size)
+        return Launch(kernels[step.kernel], args, step.global_size, step.local_size)
 
     def scalar_types(self) -> dict:
         """Type names of this operator's kernel arguments -> numpy dtypes."""

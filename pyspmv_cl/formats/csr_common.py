@@ -1,7 +1,7 @@
 """The CSR arrays and kernel arguments shared by the CSR kernels (row_ptr, col_idx,
 values)."""
 
-from ..codegen import PRODUCT_ARGS, matrix, scalar
+from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from .base import SpMVFormat
 
 #: row_ptr, col_idx, values as the CSR kernels declare them.
@@ -9,6 +9,8 @@ CSR_ARRAYS = (matrix("row_ptr", "index_t"), matrix("col_idx", "index_t"),
               matrix("values", "real_t"))
 #: The arguments of a kernel with one row (or group of work-items) per row.
 CSR_ROW_ARGS = (scalar("n_rows", "long"), *CSR_ARRAYS, *PRODUCT_ARGS)
+#: The same for a block kernel (KB vectors at once).
+CSR_ROW_BLOCK_ARGS = (scalar("n_rows", "long"), *CSR_ARRAYS, *BLOCK_ARGS)
 
 
 class CSRFormatBase(SpMVFormat):

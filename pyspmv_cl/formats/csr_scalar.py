@@ -4,8 +4,14 @@ Best for short rows and on CPUs, where one work-item streams a whole row."""
 
 from ..codegen import KernelSpec
 from . import params as P
-from .base import csr_bytes, launch_rows, row_per_item_work_group_size, skewed_rows
-from .csr_common import CSR_ROW_ARGS, CSRFormatBase
+from .base import (
+    BLOCK_WIDTHS,
+    csr_bytes,
+    launch_rows,
+    row_per_item_work_group_size,
+    skewed_rows,
+)
+from .csr_common import CSR_ROW_ARGS, CSR_ROW_BLOCK_ARGS, CSRFormatBase
 from .registry import register
 
 
@@ -15,6 +21,8 @@ class CSRScalar(CSRFormatBase):
     order = 0
     template = "csr_scalar.mako"
     params = (P.work_group_size(),)
+    block_widths = BLOCK_WIDTHS
+    block_template = "csr_scalar_block.mako"
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -31,4 +39,12 @@ class CSRScalar(CSRFormatBase):
     def launches(self, beta):
         wg = self.params["work_group_size"]
         return [self.step("csr_scalar", *launch_rows(self.shape[0], wg, wg),
+                          n_rows=self.shape[0])]
+
+    def block_kernel_specs(self, kb):
+        return [KernelSpec("csr_scalar_block", CSR_ROW_BLOCK_ARGS, fixed_group=True)]
+
+    def block_launches(self, kb, work_group_size, beta):
+        wg = work_group_size
+        return [self.step("csr_scalar_block", *launch_rows(self.shape[0], wg, wg),
                           n_rows=self.shape[0])]

@@ -27,8 +27,8 @@ import pyopencl.array as cla
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix
 from ..errors import InvalidParameterError
 from . import params as P
-from .base import csr_bytes, launch_rows, pow2_floor
-from .csr_common import CSR_ARRAYS, CSR_ROW_ARGS, CSRFormatBase
+from .base import BLOCK_WIDTHS, csr_bytes, launch_rows, pow2_floor
+from .csr_common import CSR_ARRAYS, CSR_ROW_ARGS, CSR_ROW_BLOCK_ARGS, CSRFormatBase
 from .registry import register
 
 VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
@@ -91,6 +91,10 @@ class CSRVector(CSRFormatBase):
         P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
                 "entries each work-item reads per window (mapping='adaptive')"),
     )
+
+    # Block kernels for mapping="rows" (the adaptive mapping multiplies column by column).
+    block_widths = BLOCK_WIDTHS
+    block_template = "csr_vector_block.mako"
 
     @classmethod
     def default_params(cls, features, profile, dtype):
@@ -257,3 +261,18 @@ class CSRVector(CSRFormatBase):
         if self.n_blocks == 0:   # no rows: nothing to launch
             return []
         return [self.step("csr_vector", self.n_blocks * wg, wg)]
+
+    # -- block kernels (mapping="rows") --------------------------------------------------
+    def supported_block_widths(self):
+        return () if self._adaptive else super().supported_block_widths()
+
+    def block_kernel_specs(self, kb):
+        return [KernelSpec("csr_vector_block", CSR_ROW_BLOCK_ARGS, fixed_group=True)]
+
+    def block_local_bytes(self, kb, work_group_size):
+        return work_group_size * kb * self.dtype.itemsize
+
+    def block_launches(self, kb, work_group_size, beta):
+        wg = work_group_size
+        return [self.step("csr_vector_block", *launch_rows(
+            self.shape[0], wg // self.params["vector_size"], wg), n_rows=self.shape[0])]

@@ -23,10 +23,11 @@ Two work mappings, both rendered into the kernel:
 import numpy as np
 import pyopencl.array as cla
 
-from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
+from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
 from ..errors import IndexOverflowError, InvalidParameterError
 from . import params as P
 from .base import (
+    BLOCK_WIDTHS,
     INT32_LIMIT,
     SpMVFormat,
     csr_bytes,
@@ -142,6 +143,8 @@ class SELL(SpMVFormat):
     template = "sell.mako"
     converts_on_device = True
     host_input_on_device = True   # GPUs: 20M non-zeros, 0.5-0.9 s on the host (H200 host)
+    block_widths = BLOCK_WIDTHS
+    block_template = "sell_block.mako"
     params = (
         P.Param("slice_height", P.one_of(*SLICE_HEIGHTS), "rows per slice (C)"),
         P.Param("sigma", P.or_words(P.positive_int(), "all", "auto"),
@@ -273,13 +276,16 @@ class SELL(SpMVFormat):
                 "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm,
                 "device_conversion": self.converting_on_device}
 
-    def kernel_specs(self):
+    def _matrix_args(self):
         args = (scalar("n_rows", "long"), scalar("n_slices", "long"),
                 matrix("slice_ptr", "index_t"), matrix("col_idx", "index_t"),
                 matrix("values", "real_t"))
         if self._has_perm:
             args += (matrix("perm", "index_t"),)
-        specs = [KernelSpec("sell", (*args, *PRODUCT_ARGS), fixed_group=True)]
+        return args
+
+    def kernel_specs(self):
+        specs = [KernelSpec("sell", (*self._matrix_args(), *PRODUCT_ARGS), fixed_group=True)]
         if self.converting_on_device:
             specs.append(KernelSpec("sell_pad", (
                 scalar("n_slots", "long"), scratch("col_idx_out", "index_t"),
@@ -377,16 +383,30 @@ class SELL(SpMVFormat):
         self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
 
+    # -- block kernels (both mappings) -----------------------------------------------------
+    def block_kernel_specs(self, kb):
+        return [KernelSpec("sell_block", (*self._matrix_args(), *BLOCK_ARGS),
+                           fixed_group=True)]
+
+    def block_template_params(self, kb):
+        return {**self.template_params(), "device_conversion": False, "block_width": kb}
+
+    def block_local_bytes(self, kb, work_group_size):
+        return kb * self.local_bytes(work_group_size)
+
+    def block_launches(self, kb, work_group_size, beta):
+        return self.launches(beta, work_group_size, "sell_block")
+
     # -- launching ---------------------------------------------------------------------------
-    def launches(self, beta):
+    def launches(self, beta, work_group_size=None, kernel="sell"):
         if self.n_slices == 0:   # no rows: nothing to launch
             return []
-        wg = self.params["work_group_size"]
+        wg = work_group_size or self.params["work_group_size"]
         if self.params["mapping"] == "rows":
             slices_per_group = wg // (self.params["slice_height"]
                                       * self.params["threads_per_row"])
         else:
             slices_per_group = wg
         groups = -(-self.n_slices // slices_per_group)
-        return [self.step("sell", groups * wg, wg, n_rows=self.shape[0],
+        return [self.step(kernel, groups * wg, wg, n_rows=self.shape[0],
                           n_slices=self.n_slices)]

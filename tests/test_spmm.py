@@ -1,0 +1,211 @@
+"""Multi-vector products (SpMM): ``op @ X`` and ``op.matmat(X, out, alpha, beta)`` for a
+block of k vectors, host (C/F order, views) and device (row-major pyopencl arrays),
+against scipy in float64 with fresh random data and NaN-poisoned outputs.
+
+Formats with block kernels (csr-scalar, csr-vector's row mapping, ell, sell) read the
+matrix once per block of 16, 8, 4, 2 or 1 vectors; the others multiply column by
+column.  Block widths are built on first use, so the k values below use widths 1, 2, 4
+and 16 (3 = 2+1, 7 = 4+2+1, 33 = 16+16+1, 64 = 4x16)."""
+
+import numpy as np
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+from conftest import POISON, assert_close, reference, skip_without_fp64
+
+import pyspmv_cl as psc
+
+KS = (1, 2, 3, 7, 16, 33, 64)
+
+# (format, params) with block kernels: both mappings of sell, both reductions of
+# csr-vector's row mapping.
+BLOCK_VARIANTS = [
+    ("csr-scalar", {}),
+    ("csr-vector", {"mapping": "rows", "vector_size": 4, "reduction": "serial"}),
+    ("csr-vector", {"mapping": "rows", "vector_size": 8, "work_group_size": 32,
+                    "reduction": "tree"}),
+    ("ell", {"max_padding": float("inf")}),
+    ("sell", {"mapping": "slices", "slice_height": 8, "sigma": 64}),
+    ("sell", {"mapping": "rows", "slice_height": 4, "threads_per_row": 2,
+              "work_group_size": 16, "sigma": 1}),
+]
+BLOCK_FORMATS = {"csr-scalar", "csr-vector", "ell", "sell"}
+
+
+def _id(variant):
+    fmt, params = variant
+    return fmt + "".join(f"-{v}" for k, v in params.items() if k in ("mapping", "reduction"))
+
+
+def random_matrix(rng, m, n, density=0.08):
+    A = sp.random(m, n, density=density, format="csr", random_state=rng,
+                  data_rvs=rng.standard_normal)
+    A.data[::7] *= 1e3   # a spread of magnitudes
+    return A
+
+
+def check(Y, A, X, dtype, alpha=1.0, beta=0.0, Y0=None):
+    assert_close(Y, reference(A, X, alpha, beta, Y0), A, X, dtype)
+
+
+def poisoned(shape, dtype, order="C"):
+    return np.full(shape, POISON[np.dtype(dtype)], dtype=dtype, order=order)
+
+
+@pytest.mark.parametrize("variant", BLOCK_VARIANTS, ids=_id)
+def test_block_kernels_against_scipy(device, variant):
+    """Every k, host C- and F-ordered X, out= poisoned with beta == 0, alpha/beta with
+    out= given, device arrays (float64)."""
+    fmt, params = variant
+    dtype = np.float64
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    A = random_matrix(rng, 203, 157)
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    assert op.has_block_kernels
+    for k in KS:
+        X = rng.standard_normal((157, k))
+        check(op @ X, A, X, dtype)
+        out = poisoned((203, k), dtype, order="F")
+        Xf = np.asfortranarray(X)
+        assert op.matmat(Xf, out=out, alpha=-0.5) is out
+        check(out, A, X, dtype, alpha=-0.5)
+        Y0 = rng.standard_normal((203, k))
+        Y = op.matmat(X, out=Y0.copy(), alpha=2.0, beta=-0.75)
+        check(Y, A, X, dtype, 2.0, -0.75, Y0)
+        Xd = cla.to_device(op.queue, X)
+        Yd = cla.to_device(op.queue, poisoned((203, k), dtype))
+        assert op.matmat(Xd, out=Yd, alpha=1.5) is Yd
+        check(Yd.get(), A, X, dtype, 1.5)
+        Yd = cla.to_device(op.queue, Y0)
+        op.matmat(Xd, out=Yd, alpha=0.5, beta=2.0)
+        check(Yd.get(), A, X, dtype, 0.5, 2.0, Y0)
+
+
+@pytest.mark.parametrize("fmt", sorted(set(psc.formats()) - BLOCK_FORMATS))
+def test_formats_without_block_kernels(device, fmt):
+    """The column loop: host C/F order with alpha/beta, device arrays (a column copy
+    on the device per vector)."""
+    dtype = np.float64
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    A = random_matrix(rng, 97, 88, density=0.1)
+    params = {"max_padding": float("inf")} if fmt == "ellr-t" else {}
+    if fmt == "dia":
+        params = {"max_fill": float("inf"), "max_diagonals": 10**9}
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    assert not op.has_block_kernels
+    for k in (3, 7):
+        X = rng.standard_normal((88, k))
+        check(op @ np.asfortranarray(X), A, X, dtype)
+        Y0 = rng.standard_normal((97, k))
+        check(op.matmat(X, out=Y0.copy(), alpha=2.0, beta=0.5), A, X, dtype, 2.0, 0.5, Y0)
+        Xd = cla.to_device(op.queue, X)
+        Yd = cla.to_device(op.queue, poisoned((97, k), dtype))
+        check(op.matmat(Xd, out=Yd, alpha=-1.0).get(), A, X, dtype, -1.0)
+        Yd = cla.to_device(op.queue, Y0)
+        check(op.matmat(Xd, out=Yd, alpha=0.5, beta=-1.0).get(), A, X, dtype, 0.5, -1.0, Y0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fmt", ["csr-scalar", "sell"])
+def test_dtypes(device, fmt, dtype):
+    """Both value types; x of the other float type (host: numpy's result type; device:
+    cast on the device) and out of the other type."""
+    skip_without_fp64(device, np.float64)
+    rng = np.random.default_rng()
+    A = random_matrix(rng, 120, 90)
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device)
+    other = np.float64 if dtype == np.float32 else np.float32
+    for k in (3, 16):
+        X = rng.standard_normal((90, k)).astype(dtype)
+        Y = op @ X
+        assert Y.dtype == dtype
+        check(Y, A, X, dtype)
+        Y = op @ X.astype(other)
+        assert Y.dtype == np.result_type(dtype, other)
+        check(Y, A, X.astype(other).astype(dtype), dtype)
+        Xd = cla.to_device(op.queue, X.astype(other))
+        Yd = op @ Xd
+        assert Yd.dtype == np.result_type(dtype, other)
+        check(Yd.get(), A, X.astype(other).astype(dtype), dtype)
+        Y0 = rng.standard_normal((120, k)).astype(other)
+        Yd = cla.to_device(op.queue, Y0)
+        op.matmat(cla.to_device(op.queue, X), out=Yd, alpha=2.0, beta=1.0)
+        check(Yd.get(), A, X, np.float32, 2.0, 1.0, Y0)   # out's precision is float32
+
+
+def test_views_and_aliasing(device):
+    """Non-contiguous host views; out= overlapping X (host and device, square A)."""
+    dtype = np.float64
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    A = random_matrix(rng, 80, 80, density=0.15)
+    op = psc.SpMV(A, "csr-scalar", dtype=dtype, device=device)
+    big = rng.standard_normal((160, 30))
+    X = big[::2, 3::3]          # (80, 9), neither C- nor F-contiguous
+    check(op @ X, A, X, dtype)
+    check(op @ big[::2, :].T[:7].T, A, big[::2, :7], dtype)
+    X = rng.standard_normal((80, 5))
+    X0 = X.copy()
+    op.matmat(X, out=X)          # in place on the host
+    check(X, A, X0, dtype)
+    X = rng.standard_normal((80, 5))
+    Xd = cla.to_device(op.queue, X)
+    op.matmat(Xd, out=Xd)       # in place on the device
+    check(Xd.get(), A, X, dtype)
+
+
+def test_edge_shapes(device):
+    """k = 0, empty matrices, a matrix without entries."""
+    dtype = np.float64
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    for A in (sp.csr_matrix((0, 5)), sp.csr_matrix((6, 0)), sp.csr_matrix((6, 5))):
+        m, n = A.shape
+        for fmt in ("csr-scalar", "sell", "ell", "coo"):
+            op = psc.SpMV(A, fmt, dtype=dtype, device=device)
+            for k in (0, 1, 3):
+                X = rng.standard_normal((n, k))
+                Y = op.matmat(X, out=poisoned((m, k), dtype))
+                np.testing.assert_array_equal(Y, np.zeros((m, k)))
+                Yd = op @ cla.to_device(op.queue, X)
+                assert Yd.shape == (m, k)
+                if k and m:
+                    Yd = cla.to_device(op.queue, poisoned((m, k), dtype))
+                    np.testing.assert_array_equal(op.matmat(cla.to_device(op.queue, X),
+                                                            out=Yd).get(), np.zeros((m, k)))
+    X = rng.standard_normal((5, 0))
+    op = psc.SpMV(sp.random(4, 5, density=0.5, format="csr"), "sell", device=device)
+    assert (op @ X).shape == (4, 0)
+
+
+def test_device_layout_errors(device):
+    """Column-major or strided device blocks are refused with a typed error."""
+    rng = np.random.default_rng()
+    A = random_matrix(rng, 30, 20)
+    op = psc.SpMV(A, "csr-scalar", dtype=np.float32, device=device)
+    X = rng.standard_normal((20, 4)).astype(np.float32)
+    Xf = cla.to_device(op.queue, np.asfortranarray(X))
+    with pytest.raises(psc.UnsupportedLayoutError, match="C-contiguous"):
+        op @ Xf
+    with pytest.raises(ValueError):   # a subclass of InvalidInputError / ValueError
+        op.matmat(cla.to_device(op.queue, X), out=cla.empty(op.queue, (30, 4), np.float32,
+                                                             order="F"))
+    with pytest.raises(psc.InvalidInputError, match="shape"):
+        op.matmat(cla.to_device(op.queue, X), out=cla.empty(op.queue, (30, 5), np.float32))
+
+
+def test_linear_operator_and_transposed(device):
+    """aslinearoperator().matmat and op.T.matmat (the transposed copy's block kernels)."""
+    dtype = np.float64
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    A = random_matrix(rng, 70, 50)
+    op = psc.SpMV(A, "csr-scalar", dtype=dtype, device=device)
+    X = rng.standard_normal((50, 7))
+    check(op.aslinearoperator().matmat(X), A, X, dtype)
+    check(op.aslinearoperator() @ X, A, X, dtype)
+    Z = rng.standard_normal((70, 3))
+    check(op.T.matmat(Z), A.T.tocsr(), Z, dtype)
+    check(op.rmatmat(Z), A.T.tocsr(), Z, dtype)
