@@ -319,10 +319,9 @@ class SpMV:
     def _scalar(self, name, value):
         """alpha/beta: a complex for a complex operator, a float where the value is real
         (a real operator given a complex one computes through ``_matvec_split``)."""
-        value = check_scalar(name, value, complex_ok=True)
-        if not self.is_complex and value.imag == 0:
-            return value.real
-        return value
+        if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
+            return complex(value)
+        return check_scalar(name, value, complex_ok=self.is_complex)
 
     @property
     def is_complex(self) -> bool:
@@ -354,6 +353,10 @@ class SpMV:
             if not isinstance(out, np.ndarray) or not out.flags.writeable:
                 raise InvalidInputError("out must be a writeable numpy array")
             self._check_out(out, expected)
+            if out.dtype.kind != "c":   # numpy's out= refuses complex -> real too
+                raise UnsupportedDtypeError(
+                    f"the result is complex ({result_dtype}) but out is {out.dtype}: give "
+                    "a complex out")
         z = self._matvec_host(np.real(x), None, 1.0, 0.0).astype(result_dtype)
         if x.dtype.kind == "c":
             z += 1j * self._matvec_host(np.imag(x), None, 1.0, 0.0)
@@ -362,10 +365,7 @@ class SpMV:
             z += beta * out
         if out is None:
             return z
-        if out.dtype.kind != "c" and np.any(np.imag(z)):
-            raise UnsupportedDtypeError(
-                f"the result is complex ({result_dtype}) but out is {out.dtype}")
-        out[...] = z if out.dtype.kind == "c" else z.real
+        out[...] = z
         return out
 
     def _real_device_message(self):
