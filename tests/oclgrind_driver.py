@@ -214,8 +214,9 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="float32,float64",
                         help="the sweep's variants run in the first one only")
     parser.add_argument("--device", default=None, help="pyspmv_cl device selection")
-    parser.add_argument("--no-complex", action="store_true",
-                        help="skip the complex64 pass of the complex-capable formats")
+    parser.add_argument("--complex", action="store_true",
+                        help="also a complex64 pass of the complex-capable formats (not "
+                        "in test_oclgrind.py yet: Oclgrind 21.10 crashed (SIGSEGV) in it)")
     parser.add_argument("--quick", action="store_true",
                         help="each format's defaults and profiles, not its own sweep")
     args = parser.parse_args(argv)
@@ -257,7 +258,7 @@ def main(argv=None):
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))
         summary["per_format_s"][name] = round(time.perf_counter() - t0, 2)
-    if not args.no_complex:
+    if args.complex:
         complex_pass(device, names, matrices, rng, summary)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     print(json.dumps(summary), flush=True)
