@@ -21,6 +21,12 @@ much) and then runs at the speed of an ordinary product.
 A matrix given as device arrays is read back once for this (its structure, like
 ``update_values`` does, and the values the operator holds); the transpose itself runs
 on the host.
+
+Complex values: the copy holds A^H (the transposed values conjugated), since the
+adjoint is what solvers and scipy's ``rmatvec`` ask for.  ``op.H`` and ``op.rmatvec``
+run on it directly; ``op.T`` (A^T, not conjugated) runs as
+``conj(A^H conj(x))`` (with ``alpha``, ``beta`` and ``out`` conjugated around it), one
+extra pass over the vectors, no second copy.
 """
 
 from __future__ import annotations
@@ -104,7 +110,7 @@ class TransposedCopy:
         structure = op._structure
         values = current_values(op)
         self.perm, t_indices, t_indptr = transpose_structure(structure[0], structure[1], n)
-        t_data = values[self.perm]
+        t_data = np.conj(values[self.perm]) if values.dtype.kind == "c" else values[self.perm]
         #: Seconds spent reading the values back and transposing on the host.
         self.transpose_seconds = time.perf_counter() - start
         request = op._request
@@ -133,8 +139,9 @@ class TransposedCopy:
         self.seconds = time.perf_counter() - start
 
     def update_values(self, data) -> None:
-        """New values of A (CSR order, checked) -> A^T's."""
-        self.operator.update_values(np.asarray(data)[self.perm])
+        """New values of A (CSR order, checked) -> A^H's (A^T's for real values)."""
+        data = np.asarray(data)[self.perm]
+        self.operator.update_values(np.conj(data) if data.dtype.kind == "c" else data)
 
 
 def check_operands(op, x, out, beta, name):
@@ -169,15 +176,48 @@ def check_block(X, name):
                                 f"shape {tuple(shape)}; use matvec/rmatvec for a vector")
 
 
+def _conj(a):
+    """The conjugate of a host or device array (a new array)."""
+    if isinstance(a, cla.Array):
+        return a.conj()
+    return np.conj(a)
+
+
+def _conjugated_product(product, x, out, alpha, beta):
+    """``alpha * conj(B) @ x + beta * out`` from ``product`` (B's, with the same
+    arguments): ``conj(conj(alpha) * B @ conj(x) + conj(beta) * conj(out))``."""
+    x = x if isinstance(x, cla.Array) else np.asarray(x)
+    if x.dtype.kind == "c":
+        x = _conj(x)
+    alpha, beta = np.conj(complex(alpha)), np.conj(complex(beta))
+    if out is None:
+        return _conj(product(x, out=None, alpha=alpha, beta=0.0))
+    if isinstance(out, cla.Array):
+        work = out.conj() if beta != 0 else cla.empty_like(out)
+        result = product(x, out=work, alpha=alpha, beta=beta).conj()
+        cla.Array._copy(out, result, queue=out.queue)
+        return out
+    if out.dtype.kind == "c":
+        np.conjugate(out, out=out)
+        product(x, out=out, alpha=alpha, beta=beta)
+        np.conjugate(out, out=out)
+        return out
+    return product(x, out=out, alpha=alpha, beta=beta)   # a real out: refused there
+
+
 class TransposedView:
-    """``op.T`` (and ``op.H``, the same for real values): A^T as an operator.  Its
-    products run on ``op``'s transposed copy (built by the first one); ``.T`` gives
-    ``op`` back.  ``nbytes`` is ``op``'s (the copy included once built)."""
+    """``op.T`` (and ``op.H``): A^T or A^H as an operator (the same for real values).
+    Its products run on ``op``'s transposed copy (built by the first one), which holds
+    A^H for complex values (see the module docstring); ``.T`` and ``.H`` give ``op``
+    back (``op.T.H`` and ``op.H.T`` are the conjugate of A).  ``nbytes`` is ``op``'s
+    (the copy included once built)."""
 
     __array_ufunc__ = None   # x @ op.T with a numpy x comes to __rmatmul__
 
-    def __init__(self, op):
+    def __init__(self, op, conjugate=False):
         self.operator = op
+        #: A^H rather than A^T (only meaningful for complex values).
+        self.conjugate = bool(conjugate) and np.dtype(op.dtype).kind == "c"
 
     @property
     def shape(self):
@@ -202,23 +242,37 @@ class TransposedView:
 
     @property
     def T(self):
+        if self.conjugate:
+            return ConjugateView(self.operator)
         return self.operator
 
-    H = T
+    @property
+    def H(self):
+        if np.dtype(self.operator.dtype).kind == "c" and not self.conjugate:
+            return ConjugateView(self.operator)
+        return self.operator
 
     def matvec(self, x, out=None, alpha=1.0, beta=0.0):
-        """``alpha * A^T @ x + beta * out``: ``op.rmatvec``."""
-        return self.operator.rmatvec(x, out=out, alpha=alpha, beta=beta)
+        """``alpha * A^T @ x + beta * out`` (A^H for ``op.H``): ``op.rmatvec``, which
+        computes A^H (conjugated around it for A^T of complex values)."""
+        if self.conjugate or np.dtype(self.operator.dtype).kind != "c":
+            return self.operator.rmatvec(x, out=out, alpha=alpha, beta=beta)
+        return _conjugated_product(self.operator.rmatvec, x, out, alpha, beta)
 
     def rmatvec(self, x, out=None, alpha=1.0, beta=0.0):
-        """``alpha * A @ x + beta * out``: ``op.matvec``."""
-        return self.operator.matvec(x, out=out, alpha=alpha, beta=beta)
+        """``alpha * B^H @ x + beta * out`` for this view's B: ``op.matvec`` (A for
+        ``op.H``; conj(A) for ``op.T`` of complex values)."""
+        if self.conjugate or np.dtype(self.operator.dtype).kind != "c":
+            return self.operator.matvec(x, out=out, alpha=alpha, beta=beta)
+        return _conjugated_product(self.operator.matvec, x, out, alpha, beta)
 
     def matmat(self, X, out=None, alpha=1.0, beta=0.0):
-        return self.operator.rmatmat(X, out=out, alpha=alpha, beta=beta)
+        check_block(X, "matmat")
+        return self.matvec(X, out=out, alpha=alpha, beta=beta)
 
     def rmatmat(self, X, out=None, alpha=1.0, beta=0.0):
-        return self.operator.matmat(X, out=out, alpha=alpha, beta=beta)
+        check_block(X, "rmatmat")
+        return self.rmatvec(X, out=out, alpha=alpha, beta=beta)
 
     def __matmul__(self, x):
         return self.matvec(x)
@@ -234,7 +288,38 @@ class TransposedView:
 
     def __repr__(self):
         m, n = self.shape
-        return f"<transposed view ({m}x{n}) of {self.operator!r}>"
+        what = "conjugate-transposed" if self.conjugate else "transposed"
+        return f"<{what} view ({m}x{n}) of {self.operator!r}>"
+
+
+class ConjugateView(TransposedView):
+    """conj(A) for a complex operator (``op.T.H``, ``op.H.T``): products as
+    ``conj(A @ conj(x))``; ``.T`` is ``op.H``, ``.H`` is ``op.T``."""
+
+    def __init__(self, op):
+        super().__init__(op, conjugate=False)
+
+    @property
+    def shape(self):
+        return self.operator.shape
+
+    @property
+    def T(self):
+        return self.operator.H
+
+    @property
+    def H(self):
+        return self.operator.T
+
+    def matvec(self, x, out=None, alpha=1.0, beta=0.0):
+        return _conjugated_product(self.operator.matvec, x, out, alpha, beta)
+
+    def rmatvec(self, x, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A^T @ x + beta * out``."""
+        return self.operator.T.matvec(x, out=out, alpha=alpha, beta=beta)
+
+    def __repr__(self):
+        return f"<conjugate view of {self.operator!r}>"
 
 
 @functools.cache

@@ -22,7 +22,10 @@ _C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
             np.dtype(np.int32): "int", np.dtype(np.int64): "long",
             np.dtype(np.uint32): "uint", np.dtype(np.uint64): "ulong",
             np.dtype(np.int16): "short", np.dtype(np.uint16): "ushort",
-            np.dtype(np.int8): "char", np.dtype(np.uint8): "uchar"}
+            np.dtype(np.int8): "char", np.dtype(np.uint8): "uchar",
+            # Complex values: (real, imaginary) in an OpenCL vector of two, the layout
+            # of numpy's complex64/complex128 (and of pyopencl's cfloat_t/cdouble_t).
+            np.dtype(np.complex64): "float2", np.dtype(np.complex128): "double2"}
 _NUMPY_TYPES = {name: dtype for dtype, name in _C_TYPES.items()}
 
 # Argument roles: where the value of an argument comes from when a kernel is launched.
@@ -165,7 +168,9 @@ def needs_fp64_pragma(opencl_c_version) -> bool:
 
 def render(template_name: str, *, dtype, index_dtype, profile, kernels=(),
            work_group_size=None, **params) -> str:
-    """Render ``template_name`` for value type ``dtype`` and index type
+    """Render ``template_name`` for value type ``dtype`` (float32/float64, or
+    complex64/complex128 as float2/double2: ``real_t`` is then the complex value type
+    and ``part_t`` the type of its parts; see ``common.mako``) and index type
     ``index_dtype`` on a device with ``profile``; ``kernels`` are the KernelSpecs whose
     heads the template writes with ``signature(name)``; ``params`` are the format's
     specialisation values."""
@@ -176,8 +181,12 @@ def render(template_name: str, *, dtype, index_dtype, profile, kernels=(),
         return specs[name].signature(work_group_size)
 
     template = _lookup().get_template(template_name)
+    complex_values = dtype.kind == "c"
+    part = np.dtype(dtype.char.lower()) if complex_values else dtype   # F -> f, D -> d
+    double = part == np.float64
     return template.render(
         real_t=c_type(dtype), index_t=c_type(index_dtype),
-        is_double=dtype == np.float64,
-        fp64_pragma=dtype == np.float64 and needs_fp64_pragma(profile.opencl_c_version),
+        part_t=c_type(part), is_complex=complex_values,
+        is_double=double,
+        fp64_pragma=double and needs_fp64_pragma(profile.opencl_c_version),
         helper=helper, signature=signature, work_group_size=work_group_size, **params)

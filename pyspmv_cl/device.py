@@ -74,7 +74,7 @@ class DeviceProfile:
         """SIMD lanes a kernel should fill for ``dtype``: the warp/wavefront on GPUs,
         the vector lanes of that dtype on CPUs."""
         if self.device_type == "cpu":
-            double = np.dtype(dtype) == np.float64
+            double = np.dtype(dtype).itemsize >= 8   # float64, complex64/128
             return max(1, self.vector_lanes_float64 if double else self.vector_lanes_float32)
         return max(1, self.simd_width)
 

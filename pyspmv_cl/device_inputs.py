@@ -69,9 +69,7 @@ def as_device_csr(triple, shape, queue) -> DeviceCSR:
                                     "operator's device; pass device= its queue")
         if arr.size and not arr.flags.c_contiguous:
             raise InvalidInputError(f"{name} must be contiguous on the device")
-    if data.dtype.kind == "c":
-        raise UnsupportedDtypeError(f"complex matrices ({data.dtype}) are not supported yet")
-    if data.dtype.kind not in "fiub":
+    if data.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"matrix dtype {data.dtype} is not numeric")
     host_indptr = indptr.get(queue).astype(np.int64)
     nnz = indices.size

@@ -7,8 +7,19 @@ import scipy.sparse as sp
 
 from .errors import DeviceCapabilityError, InvalidInputError, UnsupportedDtypeError
 
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_SUPPORTED_TEXT = "float32 and float64"
+REAL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
+SUPPORTED_DTYPES = REAL_DTYPES + COMPLEX_DTYPES
+_SUPPORTED_TEXT = "float32, float64, complex64 and complex128"
+
+
+def is_complex(dtype) -> bool:
+    return np.dtype(dtype).kind == "c"
+
+
+def needs_fp64(dtype) -> bool:
+    """Whether ``dtype`` needs double precision on the device (float64, complex128)."""
+    return np.dtype(dtype) in (np.dtype(np.float64), np.dtype(np.complex128))
 
 
 def check_triple(data, indices, indptr, shape):
@@ -88,22 +99,22 @@ def as_host_csr(A, shape=None):
             f"expected a scipy.sparse matrix or array, or (data, indices, indptr) with "
             f"shape=..., not {type(A).__name__} (convert dense data with "
             "scipy.sparse.csr_matrix first)")
-    if csr.dtype.kind == "c":
-        raise UnsupportedDtypeError(
-            f"complex matrices ({csr.dtype}) are not supported yet; supported value types "
-            f"are {_SUPPORTED_TEXT}")
-    if csr.dtype.kind not in "fiub":
+    if csr.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"matrix dtype {csr.dtype} is not numeric")
     validate_csr(csr)
     return csr
 
 
 def resolve_dtype(requested, matrix_dtype, profile):
-    """The value type the kernels use.  ``None`` keeps float32/float64 matrices as they
-    are and computes integer/bool/float16 matrices in float64 (float32 without fp64)."""
+    """The value type the kernels use.  ``None`` keeps float32/float64/complex64/
+    complex128 matrices as they are and computes integer/bool/float16 matrices in
+    float64 (float32 without fp64), complex256 ones in complex128.  A complex matrix
+    with a real ``requested`` dtype is refused (its imaginary parts would be lost)."""
     if requested is None:
         if matrix_dtype in SUPPORTED_DTYPES:
             dtype = matrix_dtype
+        elif is_complex(matrix_dtype):
+            dtype = np.dtype(np.complex128 if profile.fp64 else np.complex64)
         else:
             dtype = np.dtype(np.float64 if profile.fp64 else np.float32)
     else:
@@ -115,11 +126,30 @@ def resolve_dtype(requested, matrix_dtype, profile):
         if dtype not in SUPPORTED_DTYPES:
             raise UnsupportedDtypeError(
                 f"dtype {dtype} is not supported; supported value types are {_SUPPORTED_TEXT}")
-    if dtype == np.float64 and not profile.fp64:
+        if is_complex(matrix_dtype) and not is_complex(dtype):
+            raise UnsupportedDtypeError(
+                f"the matrix is complex ({matrix_dtype}) but dtype={dtype} is real: its "
+                "imaginary parts would be lost; use dtype=numpy.complex64 or "
+                "numpy.complex128 (or pass A.real explicitly)")
+    if needs_fp64(dtype) and not profile.fp64:
+        single = "complex64" if is_complex(dtype) else "float32"
         raise DeviceCapabilityError(
             f"device {profile.name!r} has no double precision (fp64) support: use "
-            "dtype=numpy.float32 or another device")
+            f"dtype=numpy.{single} or another device")
     return dtype
+
+
+def check_scalar(name, value, complex_ok):
+    """``alpha``/``beta`` as a Python float, or a Python complex when ``complex_ok``
+    (a complex operator; a real one takes complex scalars through its host fallback)."""
+    if not complex_ok:
+        return check_real_scalar(name, value)
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a number, not the string {value!r}")
+    try:
+        return complex(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, not {value!r}") from None
 
 
 def check_real_scalar(name, value):

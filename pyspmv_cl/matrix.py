@@ -30,7 +30,7 @@ from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
-from .inputs import as_host_csr, check_real_scalar, resolve_dtype
+from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
 from .launching import in_order, launch_kernel
 from .tuning.tuner import select
 
@@ -159,6 +159,7 @@ class SpMV:
         self._online = self.tuning.online if self.tuning is not None else None
         self._transposed = None      # adjoint.TransposedCopy, made by the first A^T product
         self._transposed_view = None
+        self._adjoint_view = None    # op.H of a complex operator
         self._column_copy = None     # the strided copy kernel of _device_columns
 
     # -- descriptive ---------------------------------------------------------------
@@ -226,8 +227,7 @@ class SpMV:
         type is cast on the device (a temporary and one copy kernel per call; keep
         them in ``op.dtype`` to avoid it).
         """
-        alpha = check_real_scalar("alpha", alpha)
-        beta = check_real_scalar("beta", beta)
+        alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
         # One product at a time per operator: host vectors go through its staging
@@ -235,7 +235,10 @@ class SpMV:
         # share the device's queue anyway; the lock costs well under a microsecond.
         with self._lock:
             if _is_device_array(x):
+                self._check_real_device(x, out, alpha, beta)
                 return self._matvec_device(x, out, alpha, beta)
+            if self._needs_split(x, out, alpha, beta):
+                return self._matvec_split(x, out, alpha, beta)
             return self._matvec_host(x, out, alpha, beta)
 
     def matmat(self, X, out=None, alpha=1.0, beta=0.0):
@@ -265,19 +268,25 @@ class SpMV:
 
     @property
     def H(self):
-        """A^H, the conjugate transpose: ``op.T`` itself for real values."""
-        return self.T
+        """A^H, the conjugate transpose (``op.T`` itself for real values): its products
+        are ``rmatvec``'s, on the transposed copy, which holds A^H for complex values
+        (``op.T`` then conjugates around it)."""
+        if not self.is_complex:
+            return self.T
+        if self._adjoint_view is None:
+            self._adjoint_view = TransposedView(self, conjugate=True)
+        return self._adjoint_view
 
     @property
     def transposed(self):
-        """The operator of A^T (an ``SpMV``: ``format``, ``params``, ``nbytes``,
-        ``explanation``) once a transposed product made it, else None."""
+        """The operator of A^T (A^H for complex values; an ``SpMV``: ``format``,
+        ``params``, ``nbytes``, ``explanation``) once a transposed product made it, else None."""
         copy = self._transposed
         return copy.operator if copy is not None else None
 
     def build_transposed(self):
-        """Make the transposed copy now rather than at the first transposed product,
-        and return its operator (see ``rmatvec``)."""
+        """Make the transposed copy (A^T; A^H for complex values) now rather than at the
+        first transposed product, and return its operator (see ``rmatvec``)."""
         with self._lock:
             if self._transposed is None:
                 self._transposed = TransposedCopy(self, type(self))
@@ -295,9 +304,8 @@ class SpMV:
         ``nbytes_parts["transposed"]``); products then run as fast as ``matvec`` and
         stay deterministic (no atomics).  ``update_values`` keeps the copy in step.
         """
-        alpha = check_real_scalar("alpha", alpha)
-        beta = check_real_scalar("beta", beta)
-        check_operands(self.T, x, out, beta, "rmatvec")
+        alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
+        check_operands(self.H, x, out, beta, "rmatvec")
         with self._lock:   # A and A^T in step: update_values holds it as well
             return self.build_transposed().matvec(x, out=out, alpha=alpha, beta=beta)
 
@@ -308,11 +316,75 @@ class SpMV:
         return self.rmatvec(X, out=out, alpha=alpha, beta=beta)
 
     # -- helpers -------------------------------------------------------------------------
+    def _scalar(self, name, value):
+        """alpha/beta: a complex for a complex operator, a float where the value is real
+        (a real operator given a complex one computes through ``_matvec_split``)."""
+        if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
+            return complex(value)
+        return check_scalar(name, value, complex_ok=self.is_complex)
+
+    @property
+    def is_complex(self) -> bool:
+        """Whether the operator's values are complex (complex64/complex128)."""
+        return is_complex(self.dtype)
+
+    def _needs_split(self, x, out, alpha, beta):
+        """A real operator with complex host operands (x, out or the scalars)."""
+        if self.is_complex:
+            return False
+        kinds = [getattr(np.asarray(x) if not isinstance(x, (str, bytes, dict, set))
+                         and x is not None and not sp.issparse(x) else x, "dtype", None),
+                 getattr(out, "dtype", None)]
+        return (isinstance(alpha, complex) or isinstance(beta, complex)
+                or any(k is not None and k.kind == "c" for k in kinds))
+
+    def _matvec_split(self, x, out, alpha, beta):
+        """A real operator times complex host operands (numpy's promotion): two real
+        products, of the real and the imaginary parts of x, computed in ``op.dtype``;
+        alpha, beta and out applied on the host."""
+        x = np.asarray(x)
+        self._check_x_shape(x.shape)
+        expected = self._out_shape(x.shape)
+        base = np.result_type(self.dtype, x.dtype)
+        result_dtype = base if base.kind == "c" else np.result_type(base, np.complex64)
+        if out is not None:
+            if _is_device_array(out):
+                raise UnsupportedDtypeError(self._real_device_message())
+            if not isinstance(out, np.ndarray) or not out.flags.writeable:
+                raise InvalidInputError("out must be a writeable numpy array")
+            self._check_out(out, expected)
+            if out.dtype.kind != "c":   # numpy's out= refuses complex -> real too
+                raise UnsupportedDtypeError(
+                    f"the result is complex ({result_dtype}) but out is {out.dtype}: give "
+                    "a complex out")
+        z = self._matvec_host(np.real(x), None, 1.0, 0.0).astype(result_dtype)
+        if x.dtype.kind == "c":
+            z += 1j * self._matvec_host(np.imag(x), None, 1.0, 0.0)
+        z *= alpha
+        if beta != 0:
+            z += beta * out
+        if out is None:
+            return z
+        out[...] = z
+        return out
+
+    def _real_device_message(self):
+        return (f"this operator is real ({self.dtype}): it multiplies complex device "
+                "arrays (or complex alpha/beta with device arrays) only as a complex "
+                "operator: build it with SpMV(A, dtype=numpy.complex64 or "
+                "numpy.complex128), or multiply x.real and x.imag separately (host "
+                "arrays are split that way automatically)")
+
+    def _check_real_device(self, x, out, alpha, beta):
+        if self.is_complex:
+            return
+        if isinstance(alpha, complex) or isinstance(beta, complex) or x.dtype.kind == "c" \
+                or (out is not None and getattr(out, "dtype", None) is not None
+                    and out.dtype.kind == "c"):
+            raise UnsupportedDtypeError(self._real_device_message())
+
     def _check_vector_dtype(self, name, dtype):
-        if dtype.kind == "c":
-            raise UnsupportedDtypeError(
-                f"{name} is complex ({dtype}); only real float32/float64 are supported")
-        if dtype.kind not in "fiub":
+        if dtype.kind not in "fiubc":
             raise UnsupportedDtypeError(f"{name} has non-numeric dtype {dtype}")
 
     def _check_x_shape(self, shape):
@@ -459,7 +531,7 @@ class SpMV:
         xs, ys = self._block_staging("x_column", n), self._block_staging("y_column", m)
         if self._column_copy is None:
             source = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                      if self.dtype == np.float64 and codegen.needs_fp64_pragma(
+                      if needs_fp64(self.dtype) and codegen.needs_fp64_pragma(
                           self.device.profile.opencl_c_version) else "")
             source += f"typedef {codegen.c_type(self.dtype)} real_t;\n"
             program = get_program(self.device.context, self.device.cl_device,
@@ -504,8 +576,12 @@ class SpMV:
             out_arr = np.asarray(out)
             if out_arr is not out or not out.flags.writeable:
                 raise InvalidInputError("out must be a writeable numpy array")
-            if out.dtype.kind != "f":
+            if out.dtype.kind not in ("fc" if self.is_complex else "f"):
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+            if self.is_complex and out.dtype.kind != "c":
+                raise UnsupportedDtypeError(
+                    f"out is {out.dtype}, but this operator's products are complex "
+                    f"({self.dtype}): give a complex out")
             self._check_out(out, expected)
         if x.ndim == 2 and x.shape[1] != 1 and self.has_block_kernels:
             return self._matmat_host(x, out, alpha, beta, result_dtype)
@@ -545,12 +621,16 @@ class SpMV:
 
     def _check_device_dtype(self, arr, name):
         dtype = arr.dtype
-        if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+        kinds = "fc" if self.is_complex and name == "x" else ("c" if self.is_complex else "f")
+        if dtype.kind not in kinds or dtype not in (np.float32, np.float64, np.complex64,
+                                                    np.complex128):
+            allowed = {"f": "float32 or float64", "c": "complex64 or complex128",
+                       "fc": "float32, float64, complex64 or complex128"}[kinds]
             raise UnsupportedDtypeError(
-                f"device-resident {name} has dtype {dtype}; device arrays must be float32 "
-                f"or float64 (the operator computes in {self.dtype}): convert it on the "
+                f"device-resident {name} has dtype {dtype}; here it must be {allowed} "
+                f"(the operator computes in {self.dtype}): convert it on the "
                 f"device with {name}.astype(numpy.{self.dtype})")
-        if dtype.itemsize == 8 and not self.device.profile.fp64:
+        if needs_fp64(dtype) and not self.device.profile.fp64:
             raise DeviceCapabilityError(
                 f"device-resident {name} is float64, but {self.device.profile.name!r} has "
                 "no double precision to convert it: use float32 arrays")
@@ -670,7 +750,7 @@ class SpMV:
         keeps that map on the device (``nbytes`` grows by two indices per entry); every
         call then costs the upload of the values and one scatter kernel.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
-        data = check_values(data, self._structure_source.nnz)
+        data = check_values(data, self._structure_source.nnz, complex_ok=self.is_complex)
         with self._lock:
             self._update_values(data)
 

@@ -52,7 +52,7 @@ ${decode()}
             run = 0;
             current = r;
         }
-        run += values[j] * x[col];
+        run += MUL(values[j], x[col]);
     }
     sum[current] += run;
 % for r in range(H):
@@ -74,7 +74,7 @@ ${c.store_y(f"strip * HEIGHT + {r}", f"sum[{r}]")}
         const index_t end = strip_ptr[strip + 1];
         for (index_t j = strip_ptr[strip] + lane; j < end; j += GROUP_WIDTH) {
 ${decode()}
-            b[r * GROUP_WIDTH + lane] += values[j] * x[col];
+            b[r * GROUP_WIDTH + lane] += MUL(values[j], x[col]);
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -5,13 +5,35 @@
 % endif
 typedef ${real_t} real_t;
 typedef ${index_t} index_t;
+## The value arithmetic every kernel writes through: MUL(a, b) is the product of two
+## values, NONZERO(a) a scalar test (an OpenCL vector comparison would give a vector),
+## CONJ(a) the conjugate.  Sums (+, +=), zero ((real_t)0) and copies are plain C for
+## both kinds.  Complex values are real_t = float2/double2 (.x real, .y imaginary part,
+## numpy's layout), part_t the type of a part; their product is written out in
+## registers (no extension needed).
+% if is_complex:
+typedef ${part_t} part_t;
+static inline real_t cmul(const real_t a, const real_t b)
+{
+    return (real_t)(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+#define MUL(a, b) cmul((a), (b))
+#define NONZERO(a) ((a).x != 0 || (a).y != 0)
+#define CONJ(a) ((real_t)((a).x, -(a).y))
+% else:
+typedef ${real_t} part_t;
+#define MUL(a, b) ((a) * (b))
+#define NONZERO(a) ((a) != 0)
+#define CONJ(a) (a)
+% endif
 </%def>
 ## Store alpha*sum (+ beta*y) into y[row]. With beta == 0, y is never read, so
 ## whatever it held (even NaN) does not leak into the result (BLAS convention).
 ## beta is a kernel argument: the branch is uniform across the launch, and one
 ## compiled kernel serves both cases (half the builds of a specialisation).
 <%def name="store_y(row, value)">
-        y[${row}] = (beta != 0) ? alpha * (${value}) + beta * y[${row}] : alpha * (${value});
+        y[${row}] = NONZERO(beta) ? MUL(alpha, (${value})) + MUL(beta, y[${row}])
+                                  : MUL(alpha, (${value}));
 </%def>
 ## Multi-vector (block) kernels: KB vectors at once, KB a compile-time constant.  Row i
 ## of the x block is x[i*ldx + x_col + 0..KB-1] (contiguous), of the y block

@@ -64,7 +64,7 @@ ${c.store_y("cur", "sum")}
                 cur = r;
                 sum = 0;
             }
-            sum += values[p] * x[cols[p]];
+            sum += MUL(values[p], x[cols[p]]);
         }
     }
     if (!split)
@@ -162,6 +162,6 @@ ${signature("coo_empty_rows")}
     const size_t i = get_global_id(0);
     if (i < n_empty) {
         const index_t row = empty_rows[i];
-        y[row] = (beta != 0) ? beta * y[row] : (real_t)0;
+        y[row] = NONZERO(beta) ? MUL(beta, y[row]) : (real_t)0;
     }
 }

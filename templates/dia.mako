@@ -16,9 +16,9 @@ ${signature("dia")}
 % if has_mask:
             if ((mask[slot >> 5] >> (slot & 31)) & 1u)
 % else:
-            if (v != 0)
+            if (NONZERO(v))
 % endif
-                sum += v * x[row + offsets[d]];
+                sum += MUL(v, x[row + offsets[d]]);
         }
 ${c.store_y("row", "sum")}
     }

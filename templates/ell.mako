@@ -15,7 +15,7 @@ ${signature("ell")}
             const index_t col = col_idx[slot];
             if (col < 0)
                 break;
-            sum += values[slot] * x[col];
+            sum += MUL(values[slot], x[col]);
         }
 ${c.store_y("row", "sum")}
     }

@@ -22,7 +22,7 @@ ${signature("ellr_t")}
         const index_t rl = row_length[row];
         long slot = row * ${T} + lane;
         for (index_t j = lane; j < rl; j += ${T}, slot += slice)
-            sum += values[slot] * x[col_idx[slot]];
+            sum += MUL(values[slot], x[col_idx[slot]]);
     }
 % if T > 1:
     partial[lid] = sum;

@@ -24,7 +24,7 @@ ${signature("sell")}
     for (index_t k = slice_ptr[slice]; k < end; k += C) {
         for (int lane = 0; lane < C; ++lane) {
             const index_t col = col_idx[k + lane];
-            const real_t product = values[k + lane] * x[col < 0 ? 0 : col];
+            const real_t product = MUL(values[k + lane], x[col < 0 ? 0 : col]);
             sum[lane] += (col >= 0) ? product : (real_t)0;
         }
     }
@@ -54,7 +54,7 @@ ${c.store_y("out", "sum[lane]")}
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
             const index_t col = col_idx[k];
             if (col >= 0)
-                sum += values[k] * x[col];
+                sum += MUL(values[k], x[col]);
         }
     }
 % if T > 1:

@@ -112,7 +112,7 @@ def device(request):
 
 
 def skip_without_fp64(device, dtype):
-    if np.dtype(dtype) == np.float64 and not device.profile.fp64:
+    if np.dtype(dtype) in (np.float64, np.complex128) and not device.profile.fp64:
         pytest.skip(f"{device.profile.name} has no fp64")
 
 

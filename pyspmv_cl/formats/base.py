@@ -40,11 +40,13 @@ from ..errors import (
     DeviceMemoryError,
     IndexOverflowError,
     InvalidParameterError,
+    UnsupportedDtypeError,
 )
 from ..features import MatrixFeatures
 from ..launching import enqueue_launch, in_order
 from . import params as P
 from .builder import ProgramSpec, build_program, pow2_floor
+from .registry import registered
 
 # Room left below 2**31 so that 32-bit loop counters (j += vector size, ...) never wrap.
 INT32_LIMIT = 2**31 - 1 - 65536
@@ -175,6 +177,11 @@ class SpMVFormat:
     template: typing.ClassVar[str] = None
     params: typing.ClassVar[tuple] = ()
     may_refuse: typing.ClassVar[bool] = False
+    #: Whether the format's kernels take complex values (complex64/complex128: real_t
+    #: is float2/double2 and the templates multiply through ``MUL``, test with
+    #: ``NONZERO``; see ``common.mako``).  A format without it refuses a complex dtype
+    #: (``UnsupportedDtypeError``) and ``format="auto"`` never considers it for one.
+    complex_values: typing.ClassVar[bool] = False
     _plan_key = None   # see enqueue
 
     # -- declared parameters (class level: no matrix conversion needed) -------------
@@ -218,6 +225,7 @@ class SpMVFormat:
 
     # -- construction ----------------------------------------------------------------
     def __init__(self, csr, device, dtype, params: dict):
+        check_complex_capable(type(self), dtype)
         self.device = device
         self.profile = device.profile
         self.dtype = np.dtype(dtype)
@@ -343,7 +351,9 @@ class SpMVFormat:
 
     @property
     def has_block_kernels(self) -> bool:
-        return 1 in self.supported_block_widths()
+        # Block kernels hold a row's KB sums in an OpenCL vector real_tKB: real only
+        # (complex products go column by column).
+        return self.dtype.kind != "c" and 1 in self.supported_block_widths()
 
     def block_kernel_specs(self, kb: int) -> Sequence[KernelSpec]:
         """The block kernels of width ``kb``: their arguments end with
@@ -542,7 +552,7 @@ class SpMVFormat:
         set_args costs 20-120 us a kernel on PoCL, more than a small matrix's product.
         This object owns its kernel objects, so nothing else changes their arguments; it
         keeps x and y referenced while their handles sit in the kernels."""
-        key = (queue.int_ptr, x_buf.int_ptr, y_buf.int_ptr, float(alpha), float(beta))
+        key = (queue.int_ptr, x_buf.int_ptr, y_buf.int_ptr, complex(alpha), complex(beta))
         if key != self._plan_key:
             self._plan_key = None
             real = self.dtype.type
@@ -571,6 +581,21 @@ class SpMVFormat:
                 wait_for = None if self._plan_in_order else [event]
             event = enqueue_launch(queue, kernel, global_size, local_size, wait_for=wait_for)
         return event
+
+
+def complex_formats(registry) -> list:
+    """The names of the formats of ``registry`` (name -> class) that take complex
+    values, in its order."""
+    return [name for name, cls in registry.items() if cls.complex_values]
+
+
+def check_complex_capable(cls, dtype) -> None:
+    """Refuse a complex ``dtype`` for a format whose kernels are real only."""
+    if np.dtype(dtype).kind == "c" and not cls.complex_values:
+        raise UnsupportedDtypeError(
+            f"format {cls.name!r} does not take complex values ({np.dtype(dtype)}) yet; "
+            f"formats that do: {', '.join(complex_formats(registered()))} "
+            "(or format='auto', which chooses among them)")
 
 
 def conversion_is_cheap(cls, csr, device) -> bool:

@@ -93,6 +93,7 @@ def fits_packed(n_cols, index_dtype):
 @register
 class CMRS(SpMVFormat):
     name = "cmrs"
+    complex_values = True
     order = 8
     template = "cmrs.mako"
     params = (

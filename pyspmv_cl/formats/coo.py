@@ -285,6 +285,7 @@ class COOPart:
 @register
 class COO(SpMVFormat):
     name = "coo"
+    complex_values = True
     order = 2
     template = "coo.mako"
     converts_on_device = True

@@ -18,6 +18,7 @@ from .registry import register
 @register
 class CSRScalar(CSRFormatBase):
     name = "csr-scalar"
+    complex_values = True
     order = 0
     template = "csr_scalar.mako"
     params = (P.work_group_size(),)

@@ -80,6 +80,7 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
 @register
 class CSRVector(CSRFormatBase):
     name = "csr-vector"
+    complex_values = True
     order = 1
     template = "csr_vector.mako"
     params = (

@@ -100,6 +100,7 @@ def _limit_check(what="a number >= 1, None or inf (no limit)"):
 @register
 class DIA(SpMVFormat):
     name = "dia"
+    complex_values = True
     order = 3
     template = "dia.mako"
     may_refuse = True

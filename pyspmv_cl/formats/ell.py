@@ -158,6 +158,7 @@ def validate_max_padding(name, value):
 @register
 class ELL(SpMVFormat):
     name = "ell"
+    complex_values = True
     order = 4
     template = "ell.mako"
     params = (P.work_group_size(), MAX_PADDING)

@@ -103,6 +103,7 @@ def _max_padding_check(what="a number >= 1, None or inf (no limit)"):
 @register
 class ELLRT(SpMVFormat):
     name = "ellr-t"
+    complex_values = True
     order = 5
     template = "ellr_t.mako"
     may_refuse = True

@@ -86,6 +86,7 @@ def split_csr(csr, width):
 @register
 class HYB(SpMVFormat):
     name = "hyb"
+    complex_values = True
     order = 7
     converts_on_device = True
     host_input_on_device = True   # GPUs: split and laid out on the device

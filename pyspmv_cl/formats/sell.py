@@ -139,6 +139,7 @@ MAX_DEFAULT_GROUP = 256
 @register
 class SELL(SpMVFormat):
     name = "sell"
+    complex_values = True
     order = 6
     template = "sell.mako"
     converts_on_device = True

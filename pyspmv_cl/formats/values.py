@@ -128,15 +128,18 @@ class ValueUpdater:
         src.release()
 
 
-def check_values(data, nnz: int):
-    """``data`` as a 1-D numpy array of ``nnz`` real numbers, or a clear error."""
+def check_values(data, nnz: int, complex_ok: bool = False):
+    """``data`` as a 1-D numpy array of ``nnz`` numbers (real ones unless
+    ``complex_ok``: a complex operator), or a clear error."""
     if sp.issparse(data):
         raise InvalidInputError("update_values takes the new values array (CSR order, as "
                                 "A.data), not a sparse matrix")
     data = np.asarray(data)
-    if data.dtype.kind == "c":
-        raise UnsupportedDtypeError(f"values are complex ({data.dtype}); this operator is real")
-    if data.dtype.kind not in "fiub":
+    if data.dtype.kind == "c" and not complex_ok:
+        raise UnsupportedDtypeError(
+            f"values are complex ({data.dtype}); this operator is real: build it with "
+            "dtype=numpy.complex64 or numpy.complex128 to update it with complex values")
+    if data.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"values must be numbers, not {data.dtype}")
     if data.ndim != 1 or data.size != nnz:
         raise InvalidInputError(f"update_values needs {nnz} values (one per stored entry, in "

@@ -17,7 +17,14 @@ GPUs:
 CPUs: ``sell`` (one work-item walks a slice of SIMD-width rows, vectorised), unless one
 slice holding the longest row would be a large share of a thread's work; then
 ``csr-scalar``.
+
+Complex values: the same rules among the formats that take them (``complex_values``);
+a choice that does not (csr5, bccoo) becomes ``csr-vector``.
 """
+
+import numpy as np
+
+from ..formats import FORMATS
 
 LONG_ROWS = 32.0
 VERY_UNEVEN_ROWS = 3.0
@@ -30,6 +37,14 @@ CPU_SLICE_SHARE = 1.0       # C * longest row / (nnz per compute unit)
 
 def choose_format(features, profile, dtype):
     """Return (format name, explanation)."""
+    name, why = _choose_format(features, profile, dtype)
+    if np.dtype(dtype).kind == "c" and not FORMATS[name].complex_values:
+        return ("csr-vector", f"{why}; {name} takes no complex values: csr-vector, a "
+                              "group of work-items per row, instead")
+    return name, why
+
+
+def _choose_format(features, profile, dtype):
     mean, longest = features.mean_row_length, features.max_row_length
     spread = features.row_spread
     if profile.is_cpu:

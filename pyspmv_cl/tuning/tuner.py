@@ -111,6 +111,9 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
     """([(format, params)] in the order to time them, [(format, why skipped)])."""
     ranked, skipped = [], []
     for name, cls in registry.items():
+        if np.dtype(dtype).kind == "c" and not cls.complex_values:
+            skipped.append((name, "no complex values"))
+            continue
         try:
             params_list = list(cls.tuning_candidates(f, profile, dtype, csr=csr))
         except Exception as exc:  # a half-finished format must not break auto
@@ -154,7 +157,7 @@ class _Bench:
         self.m = m
 
     def _scipy_reference(self):
-        A64 = self.csr.astype(np.float64)
+        A64 = self.csr.astype(np.complex128 if self.dtype.kind == "c" else np.float64)
         self.y_ref = A64 @ self.x
         self.scale = float(np.max(abs(A64) @ np.abs(self.x))) if self.csr.nnz and self.m \
             else 1.0
@@ -162,7 +165,7 @@ class _Bench:
     def use_reference(self, impl):
         """Check later candidates against ``impl``'s product (scaled by its largest
         entry, which makes the check stricter than scipy's ``|A| |x|`` scale)."""
-        self.y_ref = self._product(impl).astype(np.float64)
+        self.y_ref = self._product(impl).astype(np.result_type(self.dtype, np.float64))
         finite = np.isfinite(self.y_ref)
         self.scale = float(np.max(np.abs(self.y_ref[finite]), initial=0.0)) or 1.0
 
@@ -183,7 +186,7 @@ class _Bench:
         if self.y_ref is None:
             self._scipy_reference()
         y = self._product(impl)
-        diff = np.abs(y.astype(np.float64) - self.y_ref)
+        diff = np.abs(y.astype(np.result_type(self.dtype, np.float64)) - self.y_ref)
         worst = float(np.max(diff)) if diff.size else 0.0
         return worst / self.scale if np.isfinite(worst) else float("inf")
 
@@ -207,7 +210,7 @@ def _plain(params):
 
 
 def _tolerance(dtype):
-    return 1e-3 if np.dtype(dtype) == np.float32 else 1e-9
+    return 1e-3 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-9
 
 
 def _score(c, expected_calls):
