@@ -259,12 +259,13 @@ def main(argv=None):
                         KEEP.append(op)
                         summary["operators"] += 1
                         # The full set on the two structured matrices, beta == 0 elsewhere.
-                        # Block kernels: every variant in the full pass, the defaults
-                        # in the quick one (their compiles dominate Oclgrind's time).
+                        # Block kernels with each format's defaults (both dtypes in the
+                        # full pass, float32 in the quick one): their compiles dominate
+                        # Oclgrind's time.
                         summary["products"] += products(
                             op, A, dtype, rng, full=i < 2,
-                            blocks=not args.quick or (label == "default"
-                                                      and dtype == np.float32))
+                            blocks=label == "default" and (
+                                not args.quick or dtype == np.float32))
                     except Exception:
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))
