@@ -127,6 +127,16 @@ def test_complex_device_matrix(device):
         psc.SpMV(triple, shape=A.shape, format="csr-scalar", dtype=np.float32, device=device)
 
 
+def assert_same_arrays(op, on_host):
+    """``op`` converted on the device, ``on_host`` on the host: the same arrays."""
+    assert op._impl.converting_on_device and not on_host._impl.converting_on_device
+    assert set(op._impl.buffers) == set(on_host._impl.buffers)
+    for name in on_host._impl.buffers:
+        dtype = np.float32 if name == "values" else on_host._impl.index_dtype
+        np.testing.assert_array_equal(read_back(op, name, dtype),
+                                      read_back(on_host, name, dtype), err_msg=name)
+
+
 def read_back(op, name, dtype):
     buf = op._impl.buffers[name]
     host = np.empty(buf.size // np.dtype(dtype).itemsize, dtype)
@@ -156,12 +166,7 @@ def test_sell_converts_on_the_device_to_the_host_conversion_s_arrays(case, param
         # The host conversion with the same parameters (see the test below).
         on_host = psc.SpMV(A, format="sell", dtype=np.float32, device=host_side,
                            **op.params)
-        assert not on_host._impl.converting_on_device
-        assert set(op._impl.buffers) == set(on_host._impl.buffers)
-        for name in on_host._impl.buffers:
-            dtype = np.float32 if name == "values" else on_host._impl.index_dtype
-            np.testing.assert_array_equal(read_back(op, name, dtype),
-                                          read_back(on_host, name, dtype), err_msg=name)
+        assert_same_arrays(op, on_host)
         x = rng.standard_normal(A.shape[1])
         assert_close(op @ x, reference(A, x), A, x, np.float32)
 
@@ -203,12 +208,7 @@ def test_formats_convert_on_the_device_to_the_host_conversion_s_arrays(
         declared = set(FORMATS[fmt].parameter_names()) | {"index_bits"}
         on_host = psc.SpMV(A, format=fmt, dtype=np.float32, device=host_side,
                            **{**kw, **{k: v for k, v in op.params.items() if k in declared}})
-        assert not on_host._impl.converting_on_device
-        assert set(op._impl.buffers) == set(on_host._impl.buffers)
-        for name in on_host._impl.buffers:
-            dtype = np.float32 if name == "values" else on_host._impl.index_dtype
-            np.testing.assert_array_equal(read_back(op, name, dtype),
-                                          read_back(on_host, name, dtype), err_msg=name)
+        assert_same_arrays(op, on_host)
         assert op.nbytes == on_host.nbytes
         x = rng.standard_normal(A.shape[1])
         out = poisoned(A.shape[0], np.float32)
