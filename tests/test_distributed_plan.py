@@ -169,6 +169,27 @@ def test_split_block_keeps_duplicates_and_order():
     assert off.indices.tolist() == [1, 0, 1] and off.data.tolist() == [1.0, 2.0, 3.0]
 
 
+def test_split_block_both_ghost_paths_agree():
+    """split_block finds the ghosts with a table over all columns, or by sorting when
+    the columns vastly outnumber the ghosts: both give the same blocks."""
+    rng = np.random.default_rng()
+    block = sp.random(40, 5000, density=0.02, format="csr", random_state=rng)
+    block.indices[::7] = 17        # repeated ghost columns
+    table = dp.split_block(block, 1000, 2000)
+    wide = sp.csr_matrix((block.data, block.indices, block.indptr), shape=(40, 50_000_000))
+    sorted_path = dp.split_block(wide, 1000, 2000)
+    np.testing.assert_array_equal(table[2], sorted_path[2])
+    assert table[2].tolist() == sorted(set(block.indices[(block.indices < 1000)
+                                                         | (block.indices >= 2000)]))
+    for a, b in zip(table[:2], sorted_path[:2]):
+        assert a.shape == b.shape
+        for name in ("data", "indices", "indptr"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    off = table[1]
+    np.testing.assert_array_equal(table[2][off.indices],
+                                  block.indices[(block.indices < 1000) | (block.indices >= 2000)])
+
+
 def test_package_imports_without_mpi4py():
     """pyspmv_cl and pyspmv_cl.distributed (the plan functions) import and work with
     mpi4py unavailable; making an operator then says how to install it."""

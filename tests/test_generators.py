@@ -299,3 +299,49 @@ def test_generator_help_lists_everything():
     for word in ("poisson2d:N", "poisson3d:N", "random:ROWS", "powerlaw:N", "rmat:SCALE",
                  "banded:N", "denserows:N", ".mtx.gz", "*K"):
         assert word in g.GENERATOR_HELP
+
+
+# ------------------------------------------------------------------- row blocks
+
+
+def test_poisson3d_rows_are_slices_of_the_global_matrix():
+    from pyspmv_cl.bench.row_blocks import poisson3d_rows
+    A = g.poisson3d(9)
+    for start, stop in ((0, 729), (0, 100), (100, 101), (350, 729), (5, 5)):
+        B = poisson3d_rows(9, start, stop)
+        assert B.shape == (stop - start, 729)
+        assert (B != A[start:stop]).nnz == 0
+    with pytest.raises(ValueError):
+        poisson3d_rows(9, 10, 800)
+
+
+def test_power_law_rows_do_not_depend_on_the_split():
+    import scipy.sparse as sp
+
+    from pyspmv_cl.bench.row_blocks import power_law_rows
+    n = 30_000
+    whole = power_law_rows(n, 0, n, avg_degree=12, seed=5)
+    cut = sp.vstack([power_law_rows(n, a, b, avg_degree=12, seed=5)
+                     for a, b in ((0, 7), (7, 12_345), (12_345, n))]).tocsr()
+    for name in ("data", "indices", "indptr"):
+        np.testing.assert_array_equal(getattr(whole, name), getattr(cut, name))
+    other_seed = power_law_rows(n, 0, n, avg_degree=12, seed=6)
+    assert not np.array_equal(whole.indices, other_seed.indices)
+    assert whole.indices.min() >= 0 and whole.indices.max() < n
+    assert -1 <= whole.data.min() and whole.data.max() < 1
+
+
+def test_power_law_rows_have_power_law_rows_and_columns():
+    from pyspmv_cl.bench.row_blocks import power_law_rows
+    n = 50_000
+    A = power_law_rows(n, 0, n, avg_degree=16, exponent=2.2)
+    lengths = np.diff(A.indptr)
+    assert 14 < lengths.mean() < 18                       # close to avg_degree
+    assert lengths.max() > 100 * np.median(lengths)       # hubs
+    popularity = np.bincount(A.indices, minlength=n)
+    assert popularity.max() > 100 * max(np.median(popularity), 1)
+    # Hubs are scrambled over the index range, not all in the first rows/columns.
+    top = np.argsort(lengths)[-50:]
+    assert top.min() < n / 2 < top.max()
+    with pytest.raises(ValueError):
+        power_law_rows(n, 0, n, exponent=2.0)

@@ -112,16 +112,20 @@ def _csr_from_coo_unique(rows, cols, shape, rng: np.random.Generator) -> sp.csr_
     return _csr(_values(rng, key.size), c, indptr, shape)
 
 
-def _grid_laplacian(n: int, dim: int) -> sp.csr_matrix:
-    """(2*dim+1)-point Laplacian on an n^dim grid, Dirichlet boundary (values 2*dim / -1)."""
+def _grid_laplacian(n: int, dim: int, start: int = 0, stop: int | None = None) -> sp.csr_matrix:
+    """(2*dim+1)-point Laplacian on an n^dim grid, Dirichlet boundary (values 2*dim / -1):
+    rows ``start:stop`` of it (all by default), with global column indices."""
     if n < 1:
         raise ValueError("grid size must be >= 1")
     N = n**dim
+    stop = N if stop is None else int(stop)
+    if not 0 <= start <= stop <= N:
+        raise ValueError(f"rows {start}:{stop} outside the grid's {N} rows")
     idx_dtype = np.int32 if N < 2**31 else np.int64
-    row = np.arange(N, dtype=idx_dtype)
+    row = np.arange(start, stop, dtype=idx_dtype)
     k = 2 * dim + 1
-    cols = np.empty((N, k), dtype=idx_dtype)
-    valid = np.ones((N, k), dtype=bool)
+    cols = np.empty((row.size, k), dtype=idx_dtype)
+    valid = np.ones((row.size, k), dtype=bool)
     cols[:, dim] = row
     # Column slots in increasing column order: -n^(dim-1) .. -1, 0, +1 .. +n^(dim-1),
     # so the masked table is already sorted CSR.
@@ -134,7 +138,7 @@ def _grid_laplacian(n: int, dim: int) -> sp.csr_matrix:
         valid[:, lo] = coord > 0
         valid[:, hi] = coord < n - 1
         del coord
-    A = _csr_from_masked_columns(cols, valid, (N, N))
+    A = _csr_from_masked_columns(cols, valid, (row.size, N))
     # The diagonal sits after the valid lower neighbours of each row.
     A.data[:] = -1.0
     A.data[A.indptr[:-1] + valid[:, :dim].sum(axis=1)] = 2.0 * dim

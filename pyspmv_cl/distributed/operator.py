@@ -489,7 +489,9 @@ def _local_diagonal(diag, row_range, col_range):
     if inside.any():
         coo = sp.coo_matrix(diag)
         hit = coo.row + row_range[0] - col_range[0] == coo.col
-        np.add.at(out, coo.row[hit], coo.data[hit].astype(np.float64))
+        # bincount sums duplicates like add.at, several times faster at 10^7 rows.
+        out = np.bincount(coo.row[hit], weights=coo.data[hit].astype(np.float64),
+                          minlength=m)
     return out
 
 

@@ -105,8 +105,22 @@ def split_block(csr, col_start, col_end):
     np.cumsum(np.bincount(rows[own], minlength=m), out=diag_ptr[1:])
     off_ptr = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows[other], minlength=m), out=off_ptr[1:])
-    garray = np.unique(indices[other])
-    compact = np.searchsorted(garray, indices[other])
+    ghost_cols = indices[other]
+    n_cols = csr.shape[1]
+    if n_cols <= 8 * ghost_cols.size + (1 << 20):
+        # A mark and a lookup table over all columns: two linear passes, where a sort
+        # (np.unique) and a binary search per entry take tens of seconds at 10^8 entries.
+        seen = np.zeros(n_cols, dtype=bool)
+        seen[ghost_cols] = True
+        garray = np.flatnonzero(seen)
+        del seen
+        lookup = np.empty(n_cols, dtype=np.int64)
+        lookup[garray] = np.arange(garray.size)
+        compact = lookup[ghost_cols]
+        del lookup
+    else:   # few ghosts among very many columns
+        garray = np.unique(ghost_cols)
+        compact = np.searchsorted(garray, ghost_cols)
     index_dtype = np.int32 if max(m, col_end - col_start, len(garray), csr.nnz) < 2**31 \
         else np.int64
     diag = sp.csr_matrix((csr.data[own], (indices[own] - col_start).astype(index_dtype),
