@@ -110,6 +110,95 @@ def cg_case():
         SUMMARY["cg"] = result
 
 
+def metis_case():
+    """partition="metis" on a randomly renumbered grid Laplacian: the product and cg,
+    moved between the original numbering and the ranks' scattered rows with
+    local_indices/scatter/gather; contiguous row blocks of the same matrix for the
+    ghost counts."""
+    try:
+        import pymetis  # noqa: F401
+    except ImportError:
+        if rank == 0:
+            SUMMARY["metis"] = {"missing": True}
+        return
+    grid = generators.poisson2d(16)                 # 256 unknowns, SPD
+    n = grid.shape[0]
+    A = psd.partition.permute_symmetric(grid, np.random.default_rng(3).permutation(n))
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(n)                      # same on every rank (same seed)
+    b = A @ rng.standard_normal(n)
+    op = psd.SpMV.from_global(A if rank == 0 else None, comm, partition="metis",
+                              dtype=np.float64, **FAST)
+    idx = op.local_indices()
+    y_local = op @ x[idx]
+    y = op.gather(y_local)                          # original numbering, on rank 0
+    by_hand = comm.gather((idx, y_local), root=0)   # y[idx] = y_local, rank by rank
+    scattered = op.scatter(x if rank == 0 else None)
+    same_perm = comm.gather(op.permutation, root=0)
+    x_cg, info = psd.cg(op, b[idx], tol=1e-10, maxiter=500, M="jacobi")
+    x_cg = op.gather(x_cg)
+    iterations = op.cg_stats["iterations"]
+    stats = comm.gather({"rank": rank, "rows": list(op.row_range),
+                         "ghosts": int(op.comm_plan.n_ghosts),
+                         "scatter_ok": bool(np.array_equal(scattered, x[idx])),
+                         "cols_ok": bool(np.array_equal(op.local_indices("cols"), idx)),
+                         "repr": repr(op)}, root=0)
+    described = op.describe()
+    partition, permuted = op.partition, op.permutation is not None
+    try:     # the last rank's part one value too long: refused on every rank
+        op.gather(np.zeros(len(idx) + (rank == size - 1)))
+        gather_error = None
+    except psd.DistributedInputError as exc:
+        gather_error = str(exc)
+    gather_errors = comm.gather(gather_error, root=0)
+    op.free()
+    nnz = psd.SpMV.from_global(A if rank == 0 else None, comm, dtype=np.float64, **FAST)
+    r0, r1 = nnz.row_range
+    ghosts_nnz = comm.gather(int(nnz.comm_plan.n_ghosts), root=0)
+    described_nnz = nnz.describe()
+    nnz_permutation, nnz_indices = nnz.permutation, nnz.local_indices()
+    indices_ok = comm.gather(bool(nnz_permutation is None
+                                  and np.array_equal(nnz_indices, np.arange(r0, r1))),
+                             root=0)
+    nnz.free()
+    if rank == 0:
+        y_hand = np.full(n, np.nan)
+        for i, part in by_hand:
+            y_hand[i] = part
+        np.savez(OUT / "metis.npz", data=A.data, indices=A.indices, indptr=A.indptr,
+                 shape=A.shape, x=x, y=y, y_by_hand=y_hand, b=b, x_cg=x_cg)
+        SUMMARY["metis"] = {
+            "missing": False, "ranks": stats, "describe": described,
+            "describe_nnz": described_nnz, "partition": partition, "permuted": permuted,
+            "same_permutation": all(np.array_equal(p, same_perm[0]) for p in same_perm),
+            "permutation_is_bijection": bool(np.array_equal(np.sort(same_perm[0]),
+                                                            np.arange(n))),
+            "info": info, "iterations": iterations, "gather_errors": gather_errors,
+            "ghosts_nnz": ghosts_nnz, "nnz_indices_ok": all(indices_ok)}
+
+
+def metis_missing_case():
+    """pymetis unimportable on root: every rank raises the same ImportError."""
+    saved = sys.modules.get("pymetis", "absent")
+    if rank == 0:
+        sys.modules["pymetis"] = None       # import pymetis now raises ImportError
+    try:
+        psd.SpMV.from_global(sp.eye(10, format="csr") if rank == 0 else None, comm,
+                             partition="metis", **FAST)
+        message = None
+    except ImportError as exc:
+        message = f"ImportError: {exc}"
+    finally:
+        if rank == 0:
+            if saved == "absent":
+                del sys.modules["pymetis"]
+            else:
+                sys.modules["pymetis"] = saved
+    messages = comm.gather(message, root=0)
+    if rank == 0:
+        SUMMARY["errors"]["metis_missing"] = messages
+
+
 SUMMARY = {"size": size, "products": {}, "errors": {}}
 
 
@@ -149,6 +238,7 @@ def main():
         product_case("auto_formats", pois, lambda: psd.SpMV.from_global(
             pois if rank == 0 else None, comm, device=DEVICE))
     cg_case()
+    metis_case()
 
     eye = sp.eye(10, format="csr")
     error_case("shapes_differ", lambda: psd.SpMV(
@@ -164,6 +254,13 @@ def main():
         shape=(10, 10), **FAST))
     error_case("bad_partition", lambda: psd.SpMV.from_global(
         eye if rank == 0 else None, comm, partition=[0, 20], **FAST))
+    error_case("metis_not_square", lambda: psd.SpMV.from_global(
+        sp.eye(10, 12, format="csr") if rank == 0 else None, comm, partition="metis",
+        **FAST))
+    error_case("metis_col_range", lambda: psd.SpMV.from_global(
+        eye if rank == 0 else None, comm, partition="metis",
+        col_range=(0, 10) if rank == 0 else (10, 10), **FAST))
+    metis_missing_case()
     # After the refusals the ranks still work together.
     product_case("after_errors", band, lambda: psd.SpMV.from_global(
         band if rank == 0 else None, comm, **FAST))

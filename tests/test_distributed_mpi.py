@@ -52,7 +52,9 @@ CASES = ["random", "banded", "power_law", "no_ghosts_on_rank0", "more_ranks_than
          "float32", "after_errors"]
 ERRORS = {"shapes_differ": "different global shapes", "rows_overlap": "must tile",
           "rows_missing": "must tile", "bad_block_on_last_rank": "has 7 columns",
-          "bad_partition": "from_global refused on root 0"}
+          "bad_partition": "from_global refused on root 0",
+          "metis_not_square": "needs a square matrix",
+          "metis_col_range": "col_range cannot be given"}
 
 
 _RUNS = {}
@@ -169,6 +171,50 @@ def test_cg_converges_to_scipy_and_one_rank(mpi_run, M):
     x_sp, info = spla.cg(A, b, rtol=1e-10, maxiter=500) if _has_rtol() else \
         spla.cg(A, b, tol=1e-10, maxiter=500)
     assert info == 0 and np.abs(np.array(res["x"]) - x_sp).max() <= 1e-8 * scale
+
+
+def test_metis_partition_in_original_numbering(mpi_run):
+    """partition="metis" on a scrambled grid: y gathered back to the original numbering
+    (op.gather, and by hand with op.local_indices) is scipy's; cg, gathered the same
+    way, converges to scipy's solution; METIS's ranks need fewer ghosts than
+    contiguous blocks of the same matrix."""
+    out, summary = mpi_run
+    res = summary["metis"]
+    if res["missing"]:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but pymetis is missing (pip install 'pyspmv-cl[metis]')")
+        pytest.skip("pymetis is not installed (pip install 'pyspmv-cl[metis]')")
+    A, f = load(out, "metis")
+    x = f["x"]
+    assert_close(f["y"], reference(A, x), A, x, np.float64)
+    assert_close(f["y_by_hand"], reference(A, x), A, x, np.float64)
+    assert res["partition"] == "metis" and res["permuted"]
+    assert res["same_permutation"] and res["permutation_is_bijection"]
+    ranks = res["ranks"]
+    assert all(r["scatter_ok"] and r["cols_ok"] for r in ranks)
+    assert all("permuted" in r["repr"] for r in ranks)
+    assert ranks[0]["rows"][0] == 0 and ranks[-1]["rows"][1] == A.shape[0]
+    assert "partition metis (rows and columns permuted" in res["describe"]
+    assert "partition nnz" in res["describe_nnz"] and res["nnz_indices_ok"]
+    errors = res["gather_errors"]
+    assert len(set(errors)) == 1 and f"rank {summary['size'] - 1}: gather:" in errors[0]
+    metis_ghosts = sum(r["ghosts"] for r in ranks)
+    assert metis_ghosts < sum(res["ghosts_nnz"]) / 2, (metis_ghosts, res["ghosts_nnz"])
+    exact = spla.spsolve(A.tocsc(), f["b"])
+    scale = np.abs(exact).max()
+    assert res["info"] == 0 and res["iterations"] > 0
+    assert np.abs(f["x_cg"] - exact).max() <= 1e-8 * scale
+    x_sp, info = spla.cg(A, f["b"], rtol=1e-10, maxiter=500) if _has_rtol() else \
+        spla.cg(A, f["b"], tol=1e-10, maxiter=500)
+    assert info == 0 and np.abs(f["x_cg"] - x_sp).max() <= 1e-8 * scale
+
+
+def test_metis_missing_same_import_error_on_every_rank(mpi_run):
+    _, summary = mpi_run
+    messages = summary["errors"]["metis_missing"]
+    assert len(messages) == summary["size"] and len(set(messages)) == 1, messages
+    assert messages[0].startswith("ImportError: from_global refused on root 0")
+    assert "pip install 'pyspmv-cl[metis]'" in messages[0], messages
 
 
 def _has_rtol():

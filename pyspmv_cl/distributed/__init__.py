@@ -8,14 +8,15 @@ block over compacted ghost columns).
     x_local, info = psd.cg(op, b_local, M="jacobi")
 
 Importing this package does not import mpi4py: the partition and plan functions
-(``psd.plan``) work without MPI; making an operator needs ``pip install
-'pyspmv-cl[mpi]'``.
+(``psd.plan``, ``psd.partition``) work without MPI; making an operator needs ``pip
+install 'pyspmv-cl[mpi]'``, graph partitioning (``partition="metis"``, which permutes
+rows and columns) ``pip install 'pyspmv-cl[metis]'``.
 """
 
-from . import plan
+from . import partition, plan
 from .operator import DistributedInputError, SpMV, node_local_device, node_position
 from .plan import CommPlan, partition_rows
 from .solvers import cg
 
-__all__ = ["SpMV", "cg", "plan", "CommPlan", "partition_rows", "DistributedInputError",
-           "node_local_device", "node_position"]
+__all__ = ["SpMV", "cg", "plan", "partition", "CommPlan", "partition_rows",
+           "DistributedInputError", "node_local_device", "node_position"]

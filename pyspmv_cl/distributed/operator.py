@@ -17,6 +17,7 @@ from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from ..inputs import as_host_csr
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
+from .partition import metis_partition, permute_symmetric
 from .plan import (
     CommPlan,
     check_offsets,
@@ -109,6 +110,16 @@ class SpMV:
     Inconsistent shapes, row or column ranges, or a rank whose input is refused give
     the same :class:`DistributedInputError` on every rank (one ``allgather`` before
     any other collective: no rank is left waiting).
+
+    Numbering: the operator works in its own global numbering, in which each rank's
+    rows are contiguous.  Built by this constructor or by :meth:`from_global` with a
+    contiguous partition, that is the matrix's numbering (``op.permutation`` is None).
+    With ``from_global(partition="metis")`` rows *and* columns are permuted: rank ``p``
+    owns the *scattered* original indices ``op.local_indices()``
+    (``op.permutation[op.row_range[0]:op.row_range[1]]``), so
+    ``x_local = x[op.local_indices()]`` and ``y[op.local_indices()] = y_local``;
+    :meth:`scatter` and :meth:`gather` do that for a vector held on one rank.
+    ``op.partition`` names how the rows were split.
     """
 
     def __init__(self, A_local, comm=None, *, row_start, shape, col_range=None,
@@ -215,6 +226,10 @@ class SpMV:
         self._buffers()
         self.timings = []          # one dict per product (see matvec)
         self.keep_timings = 1000   # the most recent products kept
+        # How the rows were split, and the global permutation (perm[new] = old, the
+        # same array on every rank) when they were permuted; from_global sets both.
+        self.partition = "given"
+        self.permutation = None
 
     # -- descriptive -------------------------------------------------------------------
     @property
@@ -237,6 +252,69 @@ class SpMV:
     def format(self):
         return (self.diag.format, self.offdiag.format if self.offdiag is not None else None)
 
+    def local_indices(self, which="rows"):
+        """The original global indices of this rank's owned rows (``which="rows"``:
+        the entries of ``y``) or entries of ``x`` (``which="cols"``), in the order of
+        the local vectors: ``x_local = x[op.local_indices("cols")]``,
+        ``y[op.local_indices()] = y_local``.  A contiguous range unless the rows were
+        permuted (``partition="metis"``); a square matrix's two are the same."""
+        if which not in ("rows", "cols"):
+            raise InvalidInputError(f"which must be 'rows' or 'cols', not {which!r}")
+        a, b = self.row_range if which == "rows" else self.col_range
+        if self.permutation is None:
+            return np.arange(a, b, dtype=np.int64)
+        return self.permutation[a:b].copy()
+
+    def scatter(self, v, root=0, which="cols"):
+        """Collective: the global vector ``v`` held on ``root`` (original numbering;
+        other ranks pass None), split into each rank's local part
+        (``v[op.local_indices(which)]``); ``which="cols"`` for an ``x``, ``"rows"``
+        for a ``y``."""
+        if which not in ("rows", "cols"):
+            raise InvalidInputError(f"which must be 'rows' or 'cols', not {which!r}")
+        offsets = self.row_offsets if which == "rows" else self.col_offsets
+        size = self.shape[0] if which == "rows" else self.shape[1]
+        pieces, error = None, None
+        if self.rank == root:
+            try:
+                v = np.asarray(v)
+                if v.shape != (size,):
+                    raise InvalidInputError(f"scatter: v has shape {v.shape}, not "
+                                            f"({size},)")
+                if self.permutation is not None:
+                    v = v[self.permutation]
+                pieces = [np.ascontiguousarray(v[offsets[p]:offsets[p + 1]])
+                          for p in range(self.size)]
+            except (PySpMVError, TypeError, ValueError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        error = self.comm.bcast(error, root=root)
+        if error is not None:
+            raise DistributedInputError(f"scatter refused on root {root}: {error}")
+        return self.comm.scatter(pieces, root=root)
+
+    def gather(self, v_local, root=0, which="rows"):
+        """Collective: every rank's local part (numpy or pyopencl) put together on
+        ``root`` as one global vector in the original numbering (None on the other
+        ranks); ``which="rows"`` for a ``y``, ``"cols"`` for an ``x``."""
+        if which not in ("rows", "cols"):
+            raise InvalidInputError(f"which must be 'rows' or 'cols', not {which!r}")
+        if isinstance(v_local, cla.Array):
+            v_local = v_local.get()
+        v_local = np.asarray(v_local).reshape(-1)
+        offsets = self.row_offsets if which == "rows" else self.col_offsets
+        expected = int(offsets[self.rank + 1] - offsets[self.rank])
+        _agree(self.comm, None if len(v_local) == expected else
+               f"gather: {len(v_local)} values, this rank owns {expected} ({which})")
+        pieces = self.comm.gather(v_local, root=root)
+        if self.rank != root:
+            return None
+        joined = np.concatenate(pieces) if pieces else np.zeros(0)
+        if self.permutation is None:
+            return joined
+        out = np.empty_like(joined)
+        out[self.permutation] = joined
+        return out
+
     def diagonal(self):
         """The owned rows' diagonal entries (duplicates summed), on the host."""
         return self._diagonal.copy()
@@ -248,8 +326,13 @@ class SpMV:
                 self.comm_plan.n_send, len(self.comm_plan.neighbours), self.nbytes,
                 self.format, self.device.cl_device.name.strip())
         rows = self.comm.allgather(mine)
+        how = ("row blocks given by the ranks" if self.partition == "given" else
+               f"partition {self.partition}")
+        if self.permutation is not None:
+            how += (" (rows and columns permuted: each rank owns scattered original "
+                    "indices, op.local_indices())")
         lines = [f"distributed SpMV {self.shape[0]}x{self.shape[1]}, {self.dtype}, "
-                 f"{self.size} ranks",
+                 f"{self.size} ranks, {how}",
                  f"{'rank':>4} {'rows':>17} {'nnz diag':>10} {'nnz off':>9} {'ghosts':>7} "
                  f"{'sent':>7} {'nbrs':>4} {'bytes':>10}  formats / device"]
         for r, (a, b), (nd, no), g, s, nb, by, fmt, dev in rows:
@@ -266,8 +349,10 @@ class SpMV:
         return "\n".join(lines)
 
     def __repr__(self):
+        permuted = ", permuted" if self.permutation is not None else ""
         return (f"<distributed SpMV rank {self.rank}/{self.size} rows {self.row_range} of "
-                f"{self.shape}, formats {self.format}, {self.comm_plan.n_ghosts} ghosts>")
+                f"{self.shape}{permuted}, formats {self.format}, "
+                f"{self.comm_plan.n_ghosts} ghosts>")
 
     # -- products ----------------------------------------------------------------------
     def _buffers(self):
@@ -435,32 +520,73 @@ class SpMV:
     @classmethod
     def from_global(cls, A, comm=None, root=0, partition="nnz", **kwargs):
         """Collective: scatter the scipy matrix ``A`` held on ``root`` (other ranks may
-        pass None) by contiguous row blocks: ``partition="nnz"`` (balanced by
-        non-zeros, the default), ``"rows"``, or explicit offsets (ranks + 1 integers).
+        pass None).  Root's ``partition`` decides:
+
+        - ``"nnz"`` (the default): contiguous row blocks balanced by non-zeros;
+        - ``"rows"``: contiguous blocks of equal row counts;
+        - explicit offsets (ranks + 1 integers);
+        - ``"metis"``: graph partitioning of a square matrix (pymetis, the ``metis``
+          extra): METIS splits the graph of ``A + A^T`` (no diagonal; vertices
+          weighted by their row's non-zeros, so the parts balance non-zeros) to cut
+          few edges, i.e. to need few ghosts; then rows *and* columns are permuted
+          symmetrically so that each part is a contiguous row block, and that
+          permuted matrix is scattered.  Each rank then owns a *scattered* set of
+          original indices: ``op.permutation`` (``perm[new] = old``, the same on every
+          rank) and ``op.local_indices()`` say which, ``op.scatter``/``op.gather``
+          move whole vectors.  ``col_range`` cannot be given with it.
+
+        The other partitions leave the numbering alone (``op.permutation`` is None).
         A rectangular matrix's ``x`` is split evenly (PETSc's default) unless
-        ``kwargs`` give ``col_range``.  Other keywords go to the constructor."""
+        ``kwargs`` give ``col_range``.  Other keywords go to the constructor.  A refusal
+        on root (bad partition, non-square matrix for metis...) raises
+        :class:`DistributedInputError` on every rank; pymetis missing raises
+        ImportError on every rank."""
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
-        blocks, error = None, None
+        blocks, error, method, perm = None, None, None, None
         if comm.rank == root:
             try:
                 csr = as_host_csr(A)
-                if isinstance(partition, str):
+                if isinstance(partition, str) and partition == "metis":
+                    if "col_range" in kwargs:
+                        raise InvalidInputError(
+                            "partition='metis' permutes x with the rows: col_range "
+                            "cannot be given with it")
+                    perm, offsets = metis_partition(csr, comm.size)
+                    csr = permute_symmetric(csr, perm)
+                    method = "metis"
+                elif isinstance(partition, str):
                     offsets = partition_rows(csr.indptr, comm.size, partition)
+                    method = partition
                 else:
                     offsets = check_offsets(partition, csr.shape[0], "row")
                     if len(offsets) != comm.size + 1:
                         raise InvalidInputError(f"partition offsets need {comm.size + 1} "
                                                 f"entries, not {len(offsets)}")
+                    method = "offsets"
                 blocks = [(csr[offsets[p]:offsets[p + 1]], int(offsets[p]), csr.shape)
                           for p in range(comm.size)]
+            except ImportError as exc:
+                error = ("ImportError", str(exc))
             except (PySpMVError, TypeError, ValueError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-        error = comm.bcast(error, root=root)
+                error = (type(exc).__name__, str(exc))
+        error, method, n_perm = comm.bcast(
+            (error, method, None if perm is None else len(perm)), root=root)
         if error is not None:
-            raise DistributedInputError(f"from_global refused on root {root}: {error}")
+            kind, text = error
+            if kind == "ImportError":
+                raise ImportError(f"from_global refused on root {root}: {text}")
+            raise DistributedInputError(f"from_global refused on root {root}: "
+                                        f"{kind}: {text}")
+        if n_perm is not None:
+            if comm.rank != root:
+                perm = np.empty(n_perm, dtype=np.int64)
+            comm.Bcast([perm, MPI.INT64_T], root=root)
         local, start, shape = comm.scatter(blocks, root=root)
-        return cls(local, comm, row_start=start, shape=shape, **kwargs)
+        op = cls(local, comm, row_start=start, shape=shape, **kwargs)
+        op.partition = method
+        op.permutation = perm
+        return op
 
     def free(self):
         """Release the MPI requests and the duplicated communicator (collective)."""
