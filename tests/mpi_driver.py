@@ -51,19 +51,42 @@ def product_case(name, A, build, dtype=np.float64):
     out = y0[r0:r1].copy()
     op.matvec(x[a:b], out=out, alpha=2.0, beta=-0.5)
     y_dev = op.matvec(cla.to_device(op.queue, x[a:b].astype(op.dtype))).get()
+    # The transposed product (A^T y): host and device vectors, alpha/beta/out, outputs
+    # poisoned with NaN (beta=0 must not read them), and the op.T view.
+    yt = rng.standard_normal(A.shape[0])
+    x0 = rng.standard_normal(A.shape[1])
+    yt_local = yt[r0:r1]
+    xt = op.T @ yt_local
+    xt_poison = op.rmatvec(yt_local, out=np.full(b - a, np.nan))
+    xt_ab = op.rmatvec(yt_local, out=x0[a:b].copy(), alpha=2.0, beta=-0.5)
+    yt_dev = cla.to_device(op.queue, yt_local.astype(op.dtype))
+    xt_dev = op.T.matvec(yt_dev).get()
+    out_dev = cla.to_device(op.queue, x0[a:b].astype(op.dtype))
+    op.rmatvec(yt_dev, out=out_dev, alpha=-1.5, beta=0.25)
+    poison_dev = cla.to_device(op.queue, np.full(b - a, np.nan, dtype=op.dtype))
+    op.H.matvec(yt_dev, out=poison_dev)
+    view = op.T
+    layout_ok = (view.T is op and op.H is view and view.shape == A.shape[::-1]
+                 and view.row_range == op.col_range and view.col_range == op.row_range
+                 and view.local_shape == op.local_shape[::-1])
     stats = comm.gather({"rank": rank, "ghosts": int(op.comm_plan.n_ghosts),
                          "send": int(op.comm_plan.n_send), "rows": list(op.row_range),
                          "device": op.device.id, "formats": list(op.format),
-                         "nbytes": int(op.nbytes), "y_dtype": str(y.dtype)}, root=0)
+                         "nbytes": int(op.nbytes), "y_dtype": str(y.dtype),
+                         "xt_dtype": str(xt.dtype), "view_layout": layout_ok}, root=0)
     described = op.describe()
     ys = gather(y), gather(out), gather(y_dev)
+    xts = [gather(v) for v in (xt, xt_poison, xt_ab, xt_dev, out_dev.get(),
+                               poison_dev.get())]
     if rank == 0:
         A = sp.csr_matrix(A)
         np.savez(OUT / f"{name}.npz", data=A.data, indices=A.indices, indptr=A.indptr,
                  shape=A.shape, x=x, y0=y0, y=ys[0], y_ab=ys[1], y_dev=ys[2],
-                 dtype=np.dtype(dtype).name)
+                 yt=yt, x0=x0, xt=xts[0], xt_poison=xts[1], xt_ab=xts[2], xt_dev=xts[3],
+                 xt_dev_ab=xts[4], xt_dev_poison=xts[5], dtype=np.dtype(dtype).name)
         SUMMARY["products"][name] = {"ranks": stats, "describe": described,
-                                     "timings": op.timing_summary()}
+                                     "timings": op.timing_summary(),
+                                     "rtimings": op.timing_summary(transposed=True)}
     op.free()
 
 
@@ -227,6 +250,10 @@ def main():
     wide = generators.random_uniform(90, 250, 5, seed=4)
     product_case("rect_wide", wide, lambda: from_blocks(
         wide, psd.plan.even_offsets(90, size), **FAST))
+    # Rows on rank 0 only, x spread evenly: the other ranks own entries but no rows.
+    wide_small = generators.random_uniform(40, 120, 4, seed=9)
+    product_case("rect_rows_on_rank0", wide_small, lambda: from_blocks(
+        wide_small, [0] + [40] * size, **FAST))
     tall = generators.random_uniform(250, 60, 4, seed=5)
     product_case("rect_tall", tall, lambda: psd.SpMV.from_global(
         tall if rank == 0 else None, comm, **FAST))

@@ -49,6 +49,7 @@ if MISSING and not os.environ.get("CI"):
 
 CASES = ["random", "banded", "power_law", "no_ghosts_on_rank0", "more_ranks_than_rows",
          "all_rows_on_rank0", "all_rows_on_last_rank", "rect_wide", "rect_tall",
+         "rect_rows_on_rank0",
          "float32", "after_errors"]
 ERRORS = {"shapes_differ": "different global shapes", "rows_overlap": "must tile",
           "rows_missing": "must tile", "bad_block_on_last_rank": "has 7 columns",
@@ -116,6 +117,23 @@ def test_products_match_scipy(mpi_run, case):
     assert all(r["y_dtype"] == "float64" for r in ranks)   # numpy's promotion
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_transposed_products_match_scipy(mpi_run, case):
+    """op.rmatvec / op.T @ y (the exchange in reverse) against scipy's A.T @ y."""
+    out, summary = mpi_run
+    A, f = load(out, case)
+    dtype = np.dtype(str(f["dtype"]))
+    At = sp.csr_matrix(A.T)
+    yt, x0 = f["yt"], f["x0"]
+    for key in ("xt", "xt_poison", "xt_dev", "xt_dev_poison"):
+        assert_close(f[key], reference(At, yt), At, yt, dtype)
+    assert_close(f["xt_ab"], reference(At, yt, 2.0, -0.5, x0), At, yt, dtype)
+    assert_close(f["xt_dev_ab"], reference(At, yt, -1.5, 0.25, x0), At, yt, dtype)
+    ranks = summary["products"][case]["ranks"]
+    assert all(r["xt_dtype"] == "float64" for r in ranks)   # numpy's promotion
+    assert all(r["view_layout"] for r in ranks)
+
+
 def test_layout_cases(mpi_run):
     out, summary = mpi_run
     p = summary["products"]
@@ -126,10 +144,15 @@ def test_layout_cases(mpi_run):
     assert p["all_rows_on_rank0"]["ranks"][0]["rows"] == [0, 60]
     assert p["all_rows_on_last_rank"]["ranks"][-1]["rows"] == [0, 60]
     assert all(r["ghosts"] == 0 for r in p["all_rows_on_rank0"]["ranks"][1:])
+    assert all(r["rows"] == [40, 40] and r["send"] > 0
+               for r in p["rect_rows_on_rank0"]["ranks"][1:])
     assert "balance (max/mean)" in p["random"]["describe"]
     assert len(p["random"]["describe"].splitlines()) == size + 3
     t = p["random"]["timings"]
     assert set(t) >= {"pack", "exchange", "local", "offdiag", "total", "hidden"}
+    assert 0 <= t["hidden"] <= t["total"]
+    t = p["random"]["rtimings"]
+    assert set(t) >= {"offdiag", "exchange", "local", "unpack", "total", "hidden"}
     assert 0 <= t["hidden"] <= t["total"]
 
 
@@ -228,6 +251,10 @@ def test_auto_formats_np2(tmp_path_factory):
     A, f = load(out, "auto_formats")
     assert_close(f["y"], reference(A, f["x"]), A, f["x"], np.float64)
     assert_close(f["y_ab"], reference(A, f["x"], 2.0, -0.5, f["y0"]), A, f["x"],
+                 np.float64)
+    At = sp.csr_matrix(A.T)
+    assert_close(f["xt_dev"], reference(At, f["yt"]), At, f["yt"], np.float64)
+    assert_close(f["xt_ab"], reference(At, f["yt"], 2.0, -0.5, f["x0"]), At, f["yt"],
                  np.float64)
 
 

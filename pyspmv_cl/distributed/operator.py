@@ -11,7 +11,10 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
+from pyopencl.elementwise import ElementwiseKernel
+from pyopencl.tools import dtype_to_ctype
 
+from ..adjoint import TransposedView as LocalTransposedView
 from ..device import devices, get_device
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from ..inputs import as_host_csr
@@ -20,15 +23,33 @@ from ..matrix import SpMV as LocalSpMV
 from .partition import metis_partition, permute_symmetric
 from .plan import (
     CommPlan,
+    accumulate,
     check_offsets,
     even_offsets,
     make_plan,
     partition_rows,
     requests_to,
+    reverse_targets,
     split_block,
 )
 
 _TAG = 7519
+_RTAG = 7520     # the transposed product's messages (the exchange in reverse)
+_SCATTER = {}
+
+
+def _scatter_add(context, dtype):
+    """``x[idx[i]] += v[i]`` over ``i < len(idx)`` (distinct ``idx``: no two work items
+    write one entry), one kernel per context and dtype."""
+    key = (context.int_ptr, np.dtype(dtype).name)
+    if key not in _SCATTER:
+        t = dtype_to_ctype(dtype)
+        body = (f"x[idx[i]] = {t[:-2]}_add(x[idx[i]], v[i])" if np.dtype(dtype).kind == "c"
+                else "x[idx[i]] += v[i]")
+        # The index array comes first: an elementwise kernel runs over its first array.
+        _SCATTER[key] = ElementwiseKernel(context, f"const long *idx, const {t} *v, {t} *x",
+                                          body, "pyspmv_scatter_add")
+    return _SCATTER[key]
 
 
 def mpi():
@@ -106,6 +127,10 @@ class SpMV:
     ``device``: ``"node-local"`` (the rank's position on its node modulo the node's
     GPUs, else CPUs; ``"node-local:cpu"`` picks the kind) or anything
     :func:`pyspmv_cl.get_device` takes.
+
+    ``op @ x_local`` (``matvec``) is the product; ``op.rmatvec(y_local)`` and ``op.T @
+    y_local`` the transposed one (A^H for complex values, ``op.H``), the exchange run in
+    reverse.
 
     Inconsistent shapes, row or column ranges, or a rank whose input is refused give
     the same :class:`DistributedInputError` on every rank (one ``allgather`` before
@@ -225,11 +250,14 @@ class SpMV:
         self._diagonal = _local_diagonal(diag, self.row_range, self.col_range)
         self._buffers()
         self.timings = []          # one dict per product (see matvec)
+        self.rtimings = []         # one dict per transposed product (see rmatvec)
         self.keep_timings = 1000   # the most recent products kept
         # How the rows were split, and the global permutation (perm[new] = old, the
         # same array on every rank) when they were permuted; from_global sets both.
         self.partition = "given"
         self.permutation = None
+        self._transposed_view = None
+        self._adjoint_view = None
 
     # -- descriptive -------------------------------------------------------------------
     @property
@@ -381,6 +409,35 @@ class SpMV:
                 self._send[plan.send_ptr[i]:plan.send_ptr[i + 1]], int(q), _TAG))
         self._requests = requests
         self._ghost_upload = None
+        self._rrequests = None     # the transposed product's, made by its first call
+
+    def _rbuffers(self):
+        """The transposed product's buffers and persistent requests (on its first call:
+        an operator only multiplied forwards holds none of them).  The messages run
+        the forward plan in reverse: the ghosts' contributions go to their owners
+        (``recv_ranks``/``recv_ptr``), the owned entries' come from ``send_ranks``
+        (``send_ptr``, added at ``send_idx``)."""
+        plan, dtype, queue = self.comm_plan, self.dtype, self.queue
+        self._rsend = np.empty(plan.n_ghosts, dtype=dtype)
+        self._rrecv = np.empty(plan.n_send, dtype=dtype)
+        targets, self._rinverse = reverse_targets(plan.send_idx)
+        self._racc = np.zeros(len(targets), dtype=dtype)
+        self._rghost_dev = cla.empty(queue, plan.n_ghosts, dtype)
+        self._rtargets_dev = cla.to_device(queue, targets) if len(targets) else None
+        self._racc_dev = cla.empty(queue, len(targets), dtype)
+        self._rtargets = targets
+        self._racc_upload = None
+        self._x_host = np.empty(self.local_shape[1], dtype=dtype)
+        self._device_work += [a for a in (self._rghost_dev, self._rtargets_dev,
+                                          self._racc_dev) if a is not None]
+        requests = []
+        for i, q in enumerate(plan.send_ranks):
+            requests.append(self.comm.Recv_init(
+                self._rrecv[plan.send_ptr[i]:plan.send_ptr[i + 1]], int(q), _RTAG))
+        for i, q in enumerate(plan.recv_ranks):
+            requests.append(self.comm.Send_init(
+                self._rsend[plan.recv_ptr[i]:plan.recv_ptr[i + 1]], int(q), _RTAG))
+        self._rrequests = requests
 
     def __matmul__(self, x):
         return self.matvec(x)
@@ -505,16 +562,164 @@ class SpMV:
             self.offdiag.matvec(self._ghost_dev, out=y_dev, alpha=alpha, beta=1.0)
         times["offdiag"] = time.perf_counter() - t
 
-    def _record(self, times):
-        self.timings.append(times)
-        if len(self.timings) > self.keep_timings:
-            del self.timings[: len(self.timings) - self.keep_timings]
+    # -- transposed products -------------------------------------------------------------
+    @property
+    def T(self):
+        """A^T as a distributed operator: ``op.T @ y_local`` (``op.T.matvec(y_local,
+        out, alpha, beta)``) runs ``op.rmatvec``; its ``shape``, ``row_range`` and
+        ``col_range`` are ``op``'s swapped, and ``op.T.T is op``."""
+        if self._transposed_view is None:
+            self._transposed_view = TransposedView(self)
+        return self._transposed_view
 
-    def timing_summary(self):
-        """Medians over the recorded products (seconds), ``{}`` before any."""
-        if not self.timings:
+    @property
+    def H(self):
+        """A^H, the conjugate transpose: ``op.T`` itself for real values."""
+        if np.dtype(self.dtype).kind != "c":
+            return self.T
+        if self._adjoint_view is None:
+            self._adjoint_view = TransposedView(self, conjugate=True)
+        return self._adjoint_view
+
+    def rmatvec(self, y_local, out=None, alpha=1.0, beta=0.0):
+        """``alpha * A^T @ y + beta * x`` (``A^H`` for complex values) on the entries of
+        ``x`` this rank owns (``col_range``); collective.  ``y_local``: this rank's rows
+        of ``y`` (``row_range``, numpy or a pyopencl array on ``op.queue``); ``out``: the
+        owned entries of ``x``, of the same kind.  Result types and checks as in
+        ``matvec``.
+
+        The exchange runs in reverse (PETSc's ``MatMultTranspose``): the off-diagonal
+        block's transposed product gives the contributions to the ghost columns, copied
+        to the host and sent to their owners (persistent requests on their own
+        buffers); meanwhile the diagonal block's transposed product runs into the
+        result; the contributions received (several neighbours may add to one entry:
+        summed per entry on the host, in rank order) are then added at the owned
+        entries the forward plan sends.  Each block's first transposed product builds
+        its transposed copy (see :meth:`pyspmv_cl.SpMV.rmatvec`).  ``op.rtimings`` gets
+        one dict per product (seconds): ``offdiag`` (the off-diagonal block's product
+        and the copy of its result to the host), ``exchange``, ``local`` (the diagonal
+        block's kernels), ``hidden`` (their overlap), ``unpack`` (adding what came in,
+        the result's copy to the host included) and ``total``.
+        """
+        alpha, beta = float(alpha), float(beta)
+        if beta != 0 and out is None:
+            raise InvalidInputError("beta != 0 needs out= holding the x to accumulate into")
+        m, n = self.local_shape
+        if self._rrequests is None:
+            self._rbuffers()
+        if not isinstance(y_local, cla.Array):
+            y = np.asarray(y_local)
+            if y.dtype.kind not in "fiub":
+                raise UnsupportedDtypeError(f"y must hold numbers, not {y.dtype}")
+            if y.shape not in ((m,), (m, 1)):
+                raise InvalidInputError(f"y_local has shape {y.shape}; rank {self.rank} "
+                                        f"owns {m} entries of y (rows {self.row_range})")
+            result_shape = (n,) if y.ndim == 1 else (n, 1)
+            if out is not None:
+                if not isinstance(out, np.ndarray) or out.shape != result_shape:
+                    raise InvalidInputError(f"out must be a numpy array of shape "
+                                            f"{result_shape}")
+                if out.dtype.kind != "f":
+                    raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+            times = {}
+            t0 = time.perf_counter()
+            yc = np.ascontiguousarray(y.reshape(m), dtype=self.dtype)
+            if m:
+                cl.enqueue_copy(self.queue, self._y_dev.data, yc, is_blocking=False)
+            if beta != 0 and n:
+                cl.enqueue_copy(self.queue, self._x_dev.data,
+                                np.ascontiguousarray(out.reshape(n), dtype=self.dtype),
+                                is_blocking=False)
+            self._rproduct(self._y_dev, self._x_dev, alpha, beta, times, on_device=False)
+            t = time.perf_counter()
+            if n:
+                cl.enqueue_copy(self.queue, self._x_host, self._x_dev.data, is_blocking=True)
+                self._x_host[self._rtargets] += self._racc
+            else:
+                self.queue.finish()   # the upload of y read yc
+            times["unpack"] += time.perf_counter() - t
+            times["total"] = time.perf_counter() - t0
+            self._record(times, self.rtimings)
+            if out is None:
+                return self._x_host.reshape(result_shape).astype(
+                    np.result_type(self.dtype, y.dtype), copy=True)
+            out[...] = self._x_host.reshape(result_shape)
+            return out
+        # Device vectors: only the ghosts' contributions and the received ones cross.
+        if y_local.shape not in ((m,), (m, 1)):
+            raise InvalidInputError(f"y_local has shape {y_local.shape}; rank {self.rank} "
+                                    f"owns {m} entries of y")
+        if y_local.context != self.device.context:
+            raise InvalidInputError("y_local lives on another OpenCL context than this "
+                                    "rank's operator (use op.queue)")
+        y = y_local.reshape(m)
+        if y.dtype != self.dtype:
+            y = y.astype(self.dtype)
+        if out is None:
+            out = cla.empty(self.queue, n, self.dtype)
+        elif not isinstance(out, cla.Array) or out.size != n or out.dtype != self.dtype:
+            raise InvalidInputError(f"with a device y, out must be a pyopencl array of "
+                                    f"{n} {self.dtype} values")
+        times = {}
+        t0 = time.perf_counter()
+        self._rproduct(y, out.reshape(n), alpha, beta, times, on_device=True)
+        times["total"] = time.perf_counter() - t0
+        self._record(times, self.rtimings)
+        return out
+
+    def _rproduct(self, y_dev, x_dev, alpha, beta, times, on_device):
+        """The transposed product on device vectors: the ghosts' contributions, the
+        reverse exchange over the diagonal block's product, the received sum (added on
+        the device when ``on_device``, else left in ``_racc`` for the caller)."""
+        MPI = mpi()
+        requests = self._rrequests
+        t0 = time.perf_counter()
+        if self.offdiag is not None:
+            self.offdiag.rmatvec(y_dev, out=self._rghost_dev, alpha=alpha)
+            cl.enqueue_copy(self.queue, self._rsend, self._rghost_dev.data, is_blocking=True)
+        if self._racc_upload is not None:   # the last product's upload read _racc
+            self._racc_upload.wait()
+            self._racc_upload = None
+        t_start = time.perf_counter()
+        times["offdiag"] = t_start - t0
+        if requests:
+            MPI.Prequest.Startall(requests)
+        with record_launches() as events:
+            self.diag.rmatvec(y_dev, out=x_dev, alpha=alpha, beta=beta)
+        if requests:
+            MPI.Request.Waitall(requests)
+        t_exchanged = time.perf_counter()
+        if events:
+            events[-1].wait()
+        t_both = time.perf_counter()
+        local = ((events[-1].profile.end - events[0].profile.start) * 1e-9
+                 if events else 0.0)
+        exchange = t_exchanged - t_start
+        times.update(exchange=exchange, local=local,
+                     hidden=max(0.0, local + exchange - (t_both - t_start)))
+        t = time.perf_counter()
+        if len(self._rtargets):
+            accumulate(self._rrecv, self._rinverse, len(self._rtargets), out=self._racc)
+            if on_device:
+                self._racc_upload = cl.enqueue_copy(self.queue, self._racc_dev.data,
+                                                    self._racc, is_blocking=False)
+                _scatter_add(self.queue.context, self.dtype)(
+                    self._rtargets_dev, self._racc_dev, x_dev, queue=self.queue)
+        times["unpack"] = time.perf_counter() - t
+
+    def _record(self, times, into=None):
+        into = self.timings if into is None else into
+        into.append(times)
+        if len(into) > self.keep_timings:
+            del into[: len(into) - self.keep_timings]
+
+    def timing_summary(self, transposed=False):
+        """Medians over the recorded products (seconds), ``{}`` before any; the
+        transposed products' (``rtimings``) with ``transposed=True``."""
+        timings = self.rtimings if transposed else self.timings
+        if not timings:
             return {}
-        return {k: float(np.median([t[k] for t in self.timings])) for k in self.timings[0]}
+        return {k: float(np.median([t[k] for t in timings])) for k in timings[0]}
 
     # -- construction from one rank's matrix --------------------------------------------
     @classmethod
@@ -590,10 +795,67 @@ class SpMV:
 
     def free(self):
         """Release the MPI requests and the duplicated communicator (collective)."""
-        for r in self._requests:
+        for r in self._requests + (self._rrequests or []):
             r.Free()
-        self._requests = []
+        self._requests, self._rrequests = [], []
         self.comm.Free()
+
+
+class TransposedView(LocalTransposedView):
+    """``op.T`` (and ``op.H``) of a distributed operator: A^T (A^H) with the layout
+    swapped (``shape``, ``row_range``/``col_range``, ``row_offsets``/``col_offsets``,
+    ``local_shape``).  ``matvec`` is ``op.rmatvec`` (conjugated around it for A^T of
+    complex values), ``rmatvec`` is ``op.matvec``; ``.T`` (``.H``) gives ``op`` back.
+    Collective like ``op``'s products."""
+
+    @property
+    def comm(self):
+        return self.operator.comm
+
+    @property
+    def rank(self):
+        return self.operator.rank
+
+    @property
+    def size(self):
+        return self.operator.size
+
+    @property
+    def row_range(self):
+        return self.operator.col_range
+
+    @property
+    def col_range(self):
+        return self.operator.row_range
+
+    @property
+    def row_offsets(self):
+        return self.operator.col_offsets
+
+    @property
+    def col_offsets(self):
+        return self.operator.row_offsets
+
+    @property
+    def local_shape(self):
+        m, n = self.operator.local_shape
+        return (n, m)
+
+    @property
+    def timings(self):
+        return self.operator.rtimings
+
+    def timing_summary(self):
+        return self.operator.timing_summary(transposed=True)
+
+    def aslinearoperator(self):
+        raise InvalidInputError("a distributed operator has no scipy LinearOperator "
+                                "(its products take each rank's part of the vectors)")
+
+    def __repr__(self):
+        what = "conjugate-transposed" if self.conjugate else "transposed"
+        return (f"<{what} view of the distributed SpMV rank {self.rank}/{self.size}, "
+                f"{self.shape[0]}x{self.shape[1]}, rows {self.row_range}>")
 
 
 def _agree_gathered(gathered):
@@ -621,4 +883,5 @@ def _local_diagonal(diag, row_range, col_range):
     return out
 
 
-__all__ = ["SpMV", "DistributedInputError", "node_local_device", "node_position", "mpi", "CommPlan"]
+__all__ = ["SpMV", "DistributedInputError", "node_local_device", "node_position", "mpi",
+           "CommPlan", "TransposedView"]

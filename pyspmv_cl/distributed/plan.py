@@ -15,6 +15,14 @@ The layout is PETSc's MATMPIAIJ: rank ``p`` owns the contiguous rows
 Since ``garray`` is sorted and ownership is contiguous, the ghosts owned by one rank are
 a contiguous slice of it: each neighbour's message lands directly in its slice of the
 ghost vector, no unpacking.  The sender packs its values with one ``take``.
+
+The transposed product (A^T y, A^H y for complex values) runs the same plan in
+reverse, as PETSc's ``MatMultTranspose`` does: each rank computes the off-diagonal
+block's contributions to its ghost columns and sends each owner its slice of them (what
+it receives in the forward product), and adds what it receives at the ``send_idx``
+positions (what it sends in the forward product).  Several neighbours may contribute
+to one owned entry, so the received values are first summed per distinct index
+(``reverse_targets``, ``accumulate``), in a fixed order.
 """
 
 from dataclasses import dataclass, field
@@ -25,7 +33,8 @@ import scipy.sparse as sp
 from ..errors import InvalidInputError
 
 __all__ = ["partition_rows", "even_offsets", "split_block", "ghost_owners",
-           "CommPlan", "make_plan", "simulate", "owner_of"]
+           "CommPlan", "make_plan", "simulate", "owner_of", "reverse_targets",
+           "accumulate", "simulate_product", "simulate_rproduct"]
 
 
 def even_offsets(n, nparts):
@@ -210,6 +219,29 @@ def requests_to(garray, col_offsets):
     return ghost_owners(garray, col_offsets), np.asarray(garray, dtype=np.int64)
 
 
+def reverse_targets(send_idx):
+    """Where the transposed product's received contributions go: ``(targets,
+    inverse)``, the distinct local indices of ``send_idx`` (sorted) and, for each
+    packed position, the position of its index in ``targets``.  An index asked for by
+    several neighbours appears once in ``targets`` (its contributions are summed by
+    ``accumulate`` before the one add into the result)."""
+    targets, inverse = np.unique(np.asarray(send_idx, dtype=np.int64), return_inverse=True)
+    return targets, np.asarray(inverse, dtype=np.int64).reshape(-1)
+
+
+def accumulate(received, inverse, n_targets, out=None):
+    """The received contributions (packed in ``send_idx`` order, neighbours in
+    ascending rank order) summed per target: ``out[inverse[k]] += received[k]`` in
+    that order (deterministic, duplicates included)."""
+    received = np.asarray(received)
+    if out is None:
+        out = np.zeros(n_targets, dtype=received.dtype)
+    else:
+        out[...] = 0
+    np.add.at(out, inverse, received)
+    return out
+
+
 def simulate(A, row_offsets, col_offsets=None):
     """Every rank's blocks and plan for the global matrix ``A``, in one process (the
     all-to-all done by hand): a list of ``(diag, offdiag, plan)`` per rank.  For tests
@@ -253,3 +285,26 @@ def simulate_product(parts, x, row_offsets, col_offsets):
             ghosts[plan.recv_ptr[i]:plan.recv_ptr[i + 1]] = sent[(int(q), p)]
         ys.append(diag @ xs[p] + offdiag @ ghosts)
     return np.concatenate(ys) if ys else np.zeros(0)
+
+
+def simulate_rproduct(parts, y, row_offsets, col_offsets):
+    """``A^H @ y`` (``A^T @ y`` for real values) from the simulated parts, the exchange
+    run in reverse as the operator's ``rmatvec`` runs it: each rank sends the
+    off-diagonal block's contributions for its ghosts to their owners, each owner adds
+    what it receives at its ``send_idx`` positions."""
+    size = len(parts)
+    ys = [y[row_offsets[p]:row_offsets[p + 1]] for p in range(size)]
+    sent = {}
+    for p, (_, offdiag, plan) in enumerate(parts):
+        contributions = offdiag.conj().T @ ys[p]
+        for i, q in enumerate(plan.recv_ranks):
+            sent[(p, int(q))] = contributions[plan.recv_ptr[i]:plan.recv_ptr[i + 1]]
+    xs = []
+    for p, (diag, _, plan) in enumerate(parts):
+        x = diag.conj().T @ ys[p]
+        if plan.n_send:
+            received = np.concatenate([sent[(int(q), p)] for q in plan.send_ranks])
+            targets, inverse = reverse_targets(plan.send_idx)
+            x[targets] += accumulate(received, inverse, len(targets))
+        xs.append(x)
+    return np.concatenate(xs) if xs else np.zeros(0)
