@@ -71,20 +71,25 @@ def timed(fn, queue=None):
 
 
 def copy_rates(queue, sizes=(1 << 13, 1 << 26), repeat=20):
-    """Median seconds of blocking host->device and device->host copies of each size."""
+    """Median seconds of blocking host->device and device->host copies of each size,
+    to and from pinned staging arrays (what the operator uses: ``h2d``, ``d2h``) and
+    ordinary numpy arrays (``*_pageable``)."""
     import pyopencl as cl
 
-    out = {"sizes": list(sizes), "h2d": [], "d2h": []}
+    from pyspmv_cl.distributed.operator import _pinned
+
+    out = {"sizes": list(sizes)}
     for nbytes in sizes:
-        host = np.ones(nbytes, np.uint8)
         buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
-        for key, src, dst in (("h2d", host, buf), ("d2h", buf, host)):
-            times = []
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                cl.enqueue_copy(queue, dst, src, is_blocking=True)
-                times.append(time.perf_counter() - t0)
-            out[key].append(float(np.median(times)))
+        for suffix, host in (("", _pinned(queue, nbytes, np.uint8)),
+                             ("_pageable", np.ones(nbytes, np.uint8))):
+            for key, src, dst in (("h2d", host, buf), ("d2h", buf, host)):
+                times = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    cl.enqueue_copy(queue, dst, src, is_blocking=True)
+                    times.append(time.perf_counter() - t0)
+                out.setdefault(key + suffix, []).append(float(np.median(times)))
     return out
 
 
@@ -280,6 +285,10 @@ def model_report(path):
     mpi_rows = [r for r in rates_rows if "mpi" in r["rates"]]
     mpi = dm.fit_line(mpi_rows[-1]["rates"]["mpi"]["sizes"],
                       mpi_rows[-1]["rates"]["mpi"]["one_way"]) if mpi_rows else (0.0, 0.0)
+    for kind in ("h2d_pageable", "d2h_pageable"):
+        if kind in copies:
+            lat, rate = dm.fit_line(copies["sizes"], copies[kind])
+            print(f"(not used: {kind} {lat * 1e6:.1f} us + {1e-9 / max(rate, 1e-30):.1f} GB/s)")
     print(f"copies: h2d {h2d[0] * 1e6:.1f} us + {1e-9 / max(h2d[1], 1e-30):.1f} GB/s, "
           f"d2h {d2h[0] * 1e6:.1f} us + {1e-9 / max(d2h[1], 1e-30):.1f} GB/s; MPI "
           f"{mpi[0] * 1e6:.1f} us + {1e-9 / max(mpi[1], 1e-30):.1f} GB/s")

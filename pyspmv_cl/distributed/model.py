@@ -1,16 +1,19 @@
 """A model of the distributed product's time from measured rates (no MPI needed).
 
-One product on a rank (``operator.SpMV.matvec`` with device vectors) is
+One product on a rank (``operator.SpMV.matvec`` with device vectors) runs two chains
+at once, the device's kernels and the exchange:
 
-    pack      gather the values to send on the device, copy them to the host
-    exchange  MPI messages to and from the neighbours            } run at once
-    diag      the diagonal block's kernels                       }
-    offdiag   upload the ghosts, the off-diagonal block's kernels
+    diag      the diagonal block's kernels                          (kernel queue)
+    pack      gather the values to send, copy them to the host      } exchange
+    exchange  MPI messages to and from the neighbours               } chain
+    upload    copy the received ghosts to the device                }
+    offdiag   the off-diagonal block's kernels, after both chains
 
-so ``t = overhead + pack + max(diag, exchange) + offdiag``, and the product takes the
-slowest rank's time.  Each step is ``latency + size * seconds per unit`` with the rates
-of one machine (``Rates``), measured by ``benchmarks/multigpu.py``: kernels from
-one-device products at two sizes, copies and messages from two sizes each.
+so ``t = overhead + max(diag, pack + exchange + upload) + offdiag``, and the product
+takes the slowest rank's time.  Each step is ``latency + size * seconds per unit``
+with the rates of one machine (``Rates``), measured by ``benchmarks/multigpu.py``:
+kernels from one-device products at two sizes, copies (to and from the pinned
+staging arrays the operator uses) and messages from two sizes each.
 
 ``stencil_loads`` and ``power_law_loads`` give each rank's sizes for the two benchmark
 matrices (``bench.row_blocks``) under the contiguous non-zero balanced partition,
@@ -75,12 +78,13 @@ def _rank_time(load: RankLoad, r: Rates, value_bytes: int) -> dict:
     pack = (r.d2h_latency + send_bytes * r.d2h_per_byte) if load.n_send else 0.0
     exchange = (2 * load.neighbours * r.mpi_latency
                 + max(send_bytes, ghost_bytes) * r.mpi_per_byte) if load.neighbours else 0.0
+    upload = (r.h2d_latency + ghost_bytes * r.h2d_per_byte) if load.n_ghosts else 0.0
+    chain = pack + exchange + upload
     diag = r.kernel_latency + load.nnz_diag * r.kernel_per_nnz
-    offdiag = (r.h2d_latency + ghost_bytes * r.h2d_per_byte + r.kernel_latency
-               + load.nnz_off * r.kernel_per_nnz) if load.nnz_off else 0.0
-    total = r.overhead + pack + max(diag, exchange) + offdiag
-    return {"pack": pack, "exchange": exchange, "diag": diag, "offdiag": offdiag,
-            "hidden": min(diag, exchange), "total": total}
+    offdiag = (r.kernel_latency + load.nnz_off * r.kernel_per_nnz) if load.nnz_off else 0.0
+    total = r.overhead + max(diag, chain) + offdiag
+    return {"pack": pack, "exchange": exchange, "upload": upload, "diag": diag,
+            "offdiag": offdiag, "hidden": min(diag, chain), "total": total}
 
 
 def predict(loads, rates: Rates, value_bytes: int = 8) -> dict:

@@ -386,8 +386,8 @@ class SpMV:
     def _buffers(self):
         plan, dtype, queue = self.comm_plan, self.dtype, self.queue
         m, n = self.local_shape
-        self._send = np.empty(plan.n_send, dtype=dtype)
-        self._ghost = np.empty(plan.n_ghosts, dtype=dtype)
+        self._send = _pinned(queue, plan.n_send, dtype)
+        self._ghost = _pinned(queue, plan.n_ghosts, dtype)
         self._y_host = np.empty(m, dtype=dtype)
         self._x_dev = cla.empty(queue, n, dtype)
         self._y_dev = cla.empty(queue, m, dtype)
@@ -409,6 +409,9 @@ class SpMV:
                 self._send[plan.send_ptr[i]:plan.send_ptr[i + 1]], int(q), _TAG))
         self._requests = requests
         self._ghost_upload = None
+        self._offdiag_done = None
+        # A second in-order queue for the exchange's copies (see _product).
+        self._xqueue = cl.CommandQueue(self.queue.context, self.device.cl_device)
         self._rrequests = None     # the transposed product's, made by its first call
 
     def _rbuffers(self):
@@ -418,7 +421,7 @@ class SpMV:
         (``recv_ranks``/``recv_ptr``), the owned entries' come from ``send_ranks``
         (``send_ptr``, added at ``send_idx``)."""
         plan, dtype, queue = self.comm_plan, self.dtype, self.queue
-        self._rsend = np.empty(plan.n_ghosts, dtype=dtype)
+        self._rsend = _pinned(queue, plan.n_ghosts, dtype)
         self._rrecv = np.empty(plan.n_send, dtype=dtype)
         targets, self._rinverse = reverse_targets(plan.send_idx)
         self._racc = np.zeros(len(targets), dtype=dtype)
@@ -523,44 +526,64 @@ class SpMV:
                                     f"{m} {self.dtype} values")
         times = {}
         t0 = time.perf_counter()
+        packed = None
         if self.comm_plan.n_send:
-            cla.take(x, self._send_idx_dev, out=self._send_dev)
-            self._send_dev.get(ary=self._send)
-        times["pack"] = time.perf_counter() - t0
-        self._product(x, out.reshape(m), alpha, beta, times, t0)
+            # Gather and copy on the exchange queue (once x is ready on ours) while the
+            # diagonal block's kernels run on ours.
+            ready = cl.enqueue_marker(self.queue)
+            xq = self._xqueue   # pyopencl wants the arrays on the queue it runs on
+            cla.take(x.with_queue(xq), self._send_idx_dev.with_queue(xq),
+                     out=self._send_dev.with_queue(xq), queue=xq, wait_for=[ready])
+            packed = cl.enqueue_copy(self._xqueue, self._send, self._send_dev.data,
+                                     is_blocking=False)
+        self._product(x, out.reshape(m), alpha, beta, times, t0, packed)
         times["total"] = time.perf_counter() - t0
         self._record(times)
         return out
 
-    def _product(self, x_dev, y_dev, alpha, beta, times, t0):
-        """Exchange, diagonal product, off-diagonal product (device vectors)."""
+    def _product(self, x_dev, y_dev, alpha, beta, times, t0, packed=None):
+        """Exchange, diagonal product, off-diagonal product (device vectors).
+
+        Two queues: ours runs the kernels, ``_xqueue`` the exchange's device work (the
+        gather and copy of the values to send, ``packed``; the upload of the ghosts),
+        so copies overlap the diagonal block's kernels instead of waiting behind them.
+        The off-diagonal kernels wait for the upload through a barrier on ours."""
         MPI = mpi()
         requests = self._requests
         if self._ghost_upload is not None:   # the last product's upload read _ghost
             self._ghost_upload.wait()
             self._ghost_upload = None
-        t_start = time.perf_counter()
-        if requests:
-            MPI.Prequest.Startall(requests)
         with record_launches() as events:
             self.diag.matvec(x_dev, out=y_dev, alpha=alpha, beta=beta)
+        self.queue.flush()                   # start the kernels before we block below
+        if packed is not None:
+            packed.wait()
+        t_start = time.perf_counter()
+        times["pack"] = t_start - t0
         if requests:
+            MPI.Prequest.Startall(requests)
             MPI.Request.Waitall(requests)
         t_exchanged = time.perf_counter()
+        exchange = t_exchanged - t_start
+        if self.offdiag is not None:
+            # The upload must not overwrite ghosts the last off-diagonal product reads.
+            wait = [self._offdiag_done] if self._offdiag_done is not None else None
+            self._ghost_upload = cl.enqueue_copy(self._xqueue, self._ghost_dev.data,
+                                                 self._ghost, is_blocking=False,
+                                                 wait_for=wait)
+            self._xqueue.flush()
+            cl.enqueue_barrier(self.queue, wait_for=[self._ghost_upload])
+            self.offdiag.matvec(self._ghost_dev, out=y_dev, alpha=alpha, beta=1.0)
+            self._offdiag_done = cl.enqueue_marker(self.queue)
+        t = time.perf_counter()
         if events:
             events[-1].wait()
         t_both = time.perf_counter()
         local = ((events[-1].profile.end - events[0].profile.start) * 1e-9
                  if events else 0.0)
-        exchange = t_exchanged - t_start
         times.update(exchange=exchange, local=local,
-                     hidden=max(0.0, local + exchange - (t_both - t_start)))
-        t = time.perf_counter()
-        if self.offdiag is not None:
-            self._ghost_upload = cl.enqueue_copy(self.queue, self._ghost_dev.data,
-                                                 self._ghost, is_blocking=False)
-            self.offdiag.matvec(self._ghost_dev, out=y_dev, alpha=alpha, beta=1.0)
-        times["offdiag"] = time.perf_counter() - t
+                     hidden=max(0.0, local + (t_exchanged - t0) - (t_both - t0)),
+                     offdiag=t - t_exchanged)
 
     # -- transposed products -------------------------------------------------------------
     @property
@@ -856,6 +879,24 @@ class TransposedView(LocalTransposedView):
         what = "conjugate-transposed" if self.conjugate else "transposed"
         return (f"<{what} view of the distributed SpMV rank {self.rank}/{self.size}, "
                 f"{self.shape[0]}x{self.shape[1]}, rows {self.row_range}>")
+
+
+def _pinned(queue, n, dtype):
+    """A host array for the exchange's copies: the mapping of an ALLOC_HOST_PTR buffer,
+    kept mapped for the operator's life.  Drivers back such buffers with page-locked
+    memory (NVIDIA's OpenCL guide recommends exactly this), so copies to and from it
+    run by DMA at full bus speed (benchmarks/multigpu.py measures both kinds).  Only
+    its host pointer is used (never the buffer in a command), so keeping it mapped is
+    within the OpenCL rules; elsewhere it is ordinary host memory."""
+    dtype = np.dtype(dtype)
+    if n == 0:
+        return np.empty(0, dtype=dtype)
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+    buf = cl.Buffer(queue.context, flags, int(n) * dtype.itemsize)
+    array, event = cl.enqueue_map_buffer(queue, buf, cl.map_flags.READ | cl.map_flags.WRITE,
+                                         0, (int(n),), dtype)
+    event.wait()
+    return array     # its base holds the mapping, which holds the buffer
 
 
 def _agree_gathered(gathered):
