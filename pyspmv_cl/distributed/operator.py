@@ -11,8 +11,6 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
-from pyopencl.elementwise import ElementwiseKernel
-from pyopencl.tools import dtype_to_ctype
 
 from ..adjoint import TransposedView as LocalTransposedView
 from ..device import devices, get_device
@@ -20,6 +18,7 @@ from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from ..inputs import as_host_csr
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
+from .compressed import CompressedRows, scatter_add
 from .partition import metis_partition, permute_symmetric
 from .plan import (
     CommPlan,
@@ -35,21 +34,6 @@ from .plan import (
 
 _TAG = 7519
 _RTAG = 7520     # the transposed product's messages (the exchange in reverse)
-_SCATTER = {}
-
-
-def _scatter_add(context, dtype):
-    """``x[idx[i]] += v[i]`` over ``i < len(idx)`` (distinct ``idx``: no two work items
-    write one entry), one kernel per context and dtype."""
-    key = (context.int_ptr, np.dtype(dtype).name)
-    if key not in _SCATTER:
-        t = dtype_to_ctype(dtype)
-        body = (f"x[idx[i]] = {t[:-2]}_add(x[idx[i]], v[i])" if np.dtype(dtype).kind == "c"
-                else "x[idx[i]] += v[i]")
-        # The index array comes first: an elementwise kernel runs over its first array.
-        _SCATTER[key] = ElementwiseKernel(context, f"const long *idx, const {t} *v, {t} *x",
-                                          body, "pyspmv_scatter_add")
-    return _SCATTER[key]
 
 
 def mpi():
@@ -240,8 +224,11 @@ class SpMV:
                                   **params)
             self.offdiag = None
             if offdiag.nnz:
-                self.offdiag = LocalSpMV(offdiag, format=offdiag_format, dtype=self.dtype,
-                                         device=self.device, **params)
+                def local(block):
+                    return LocalSpMV(block, format=offdiag_format, dtype=self.dtype,
+                                     device=self.device, **params)
+                self.offdiag = CompressedRows.or_plain(offdiag, local, self.device.queue,
+                                                       self.dtype)
         except (PySpMVError, TypeError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         _agree(self.comm, error)
@@ -726,7 +713,7 @@ class SpMV:
             if on_device:
                 self._racc_upload = cl.enqueue_copy(self.queue, self._racc_dev.data,
                                                     self._racc, is_blocking=False)
-                _scatter_add(self.queue.context, self.dtype)(
+                scatter_add(self.queue.context, self.dtype)(
                     self._rtargets_dev, self._racc_dev, x_dev, queue=self.queue)
         times["unpack"] = time.perf_counter() - t
 
