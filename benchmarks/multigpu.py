@@ -158,6 +158,7 @@ def run_matrix(spec, args, comm, MPI):
             t0 = time.perf_counter()
             peer["product"]()
             peer_walls.append(time.perf_counter() - t0)
+    anatomy = _anatomy(op, x, y, comm, args.repeat)
     slowest_wall = np.empty(len(walls))
     comm.Allreduce(np.array(walls), slowest_wall, op=MPI.MAX)
     keys = list(op.timings[0])
@@ -198,7 +199,7 @@ def run_matrix(spec, args, comm, MPI):
                **{f"{k}_s": v for k, v in phases.items()},
                "setup_s": max(r["setup_s"] for r in loads),
                "generate_s": max(r["generate_s"] for r in loads),
-               "max_rel_error": check, "loads": loads, "cg": cg}
+               "max_rel_error": check, "loads": loads, "cg": cg, "anatomy": anatomy}
         if peer is not None:
             row["cusparse_wall_per_product_s"] = float(np.median(peer_walls))
             row["cusparse_setup_s"] = peer["setup_s"]
@@ -213,6 +214,34 @@ def run_matrix(spec, args, comm, MPI):
             row["rates"] = rates
     op.free()
     return row
+
+
+def _anatomy(op, x, y, comm, repeat):
+    """Where a product's wall time goes (rank 0's medians, ms): each kernel launched
+    through pyspmv_cl as (name, start, end) from the first kernel's start (profiling
+    events; the exchange's copies and the scatter-add are not recorded), and the wall
+    time of the call with the queue finished."""
+    from pyspmv_cl.launching import record_launches
+
+    walls, spans, names = [], [], None
+    for _ in range(max(5, repeat // 3)):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        with record_launches(with_names=True) as events:
+            op.matvec(x, out=y)
+        op.queue.finish()
+        walls.append(time.perf_counter() - t0)
+        if events:
+            first = events[0][1].profile.start
+            names = [name for name, _ in events]
+            spans.append([((e.profile.start - first) * 1e-6, (e.profile.end - first) * 1e-6)
+                          for _, e in events])
+    if not spans or any(len(sp_) != len(names) for sp_ in spans):
+        return None
+    med = np.median(np.array(spans), axis=0)
+    return {"wall_ms": float(np.median(walls)) * 1e3,
+            "kernels_ms": [[n, round(float(a), 4), round(float(b), 4)]
+                           for n, (a, b) in zip(names, med)]}
 
 
 def _check(A_local, op, x, y, comm, MPI):
