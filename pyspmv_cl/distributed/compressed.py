@@ -16,6 +16,8 @@ import scipy.sparse as sp
 from pyopencl.elementwise import ElementwiseKernel
 from pyopencl.tools import dtype_to_ctype
 
+from .exchange_kernels import ExchangeKernels
+
 _SCATTER = {}
 
 #: Compress when at most this fraction of the rows is non-empty.
@@ -54,6 +56,7 @@ class CompressedRows:
         self.rows = rows
         self._rows_dev = cla.to_device(queue, rows.astype(np.int64))
         self._short = cla.empty(queue, rows.size, self.dtype)
+        self._kernels = ExchangeKernels(queue.context, self.dtype)
 
     @classmethod
     def or_plain(cls, block, make, queue, dtype):
@@ -75,10 +78,9 @@ class CompressedRows:
         if beta != 1.0:
             raise ValueError("CompressedRows.matvec adds into out (beta=1) only")
         self.op.matvec(x, out=self._short, alpha=alpha)
-        scatter_add(self.queue.context, self.dtype)(self._rows_dev, self._short, out,
-                                                    queue=self.queue)
+        self._kernels.scatter_add(self.queue, self._rows_dev, self._short, out)
         return out
 
     def rmatvec(self, y, out, alpha=1.0):
-        cla.take(y, self._rows_dev, out=self._short, queue=self.queue)
+        self._kernels.gather(self.queue, self._rows_dev, y, self._short)
         return self.op.rmatvec(self._short, out=out, alpha=alpha)

@@ -19,6 +19,7 @@ from ..inputs import as_host_csr
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
 from .compressed import CompressedRows, scatter_add
+from .exchange_kernels import ExchangeKernels
 from .partition import metis_partition, permute_symmetric
 from .plan import (
     CommPlan,
@@ -399,6 +400,7 @@ class SpMV:
         self._offdiag_done = None
         # A second in-order queue for the exchange's copies (see _product).
         self._xqueue = cl.CommandQueue(self.queue.context, self.device.cl_device)
+        self._kernels = ExchangeKernels(self.queue.context, dtype)
         self._rrequests = None     # the transposed product's, made by its first call
 
     def _rbuffers(self):
@@ -513,26 +515,26 @@ class SpMV:
                                     f"{m} {self.dtype} values")
         times = {}
         t0 = time.perf_counter()
-        packed = None
+        pack = None
         if self.comm_plan.n_send:
-            # Gather and copy on the exchange queue (once x is ready on ours) while the
-            # diagonal block's kernels run on ours.
-            ready = cl.enqueue_marker(self.queue)
-            xq = self._xqueue   # pyopencl wants the arrays on the queue it runs on
-            cla.take(x.with_queue(xq), self._send_idx_dev.with_queue(xq),
-                     out=self._send_dev.with_queue(xq), queue=xq, wait_for=[ready])
-            packed = cl.enqueue_copy(self._xqueue, self._send, self._send_dev.data,
-                                     is_blocking=False)
-        self._product(x, out.reshape(m), alpha, beta, times, t0, packed)
+            def pack(ready):
+                # Gather and copy on the exchange queue, once x is ready on ours, while
+                # the diagonal block's kernels run on ours.
+                self._kernels.gather(self._xqueue, self._send_idx_dev, x, self._send_dev,
+                                     wait_for=[ready])
+                return cl.enqueue_copy(self._xqueue, self._send, self._send_dev.data,
+                                       is_blocking=False)
+        self._product(x, out.reshape(m), alpha, beta, times, t0, pack)
         times["total"] = time.perf_counter() - t0
         self._record(times)
         return out
 
-    def _product(self, x_dev, y_dev, alpha, beta, times, t0, packed=None):
+    def _product(self, x_dev, y_dev, alpha, beta, times, t0, pack=None):
         """Exchange, diagonal product, off-diagonal product (device vectors).
 
         Two queues: ours runs the kernels, ``_xqueue`` the exchange's device work (the
-        gather and copy of the values to send, ``packed``; the upload of the ghosts),
+        gather and copy of the values to send, ``pack(ready)``, enqueued after the
+        diagonal block's kernels so that these start first; the upload of the ghosts),
         so copies overlap the diagonal block's kernels instead of waiting behind them.
         The off-diagonal kernels wait for the upload through a barrier on ours."""
         MPI = mpi()
@@ -540,11 +542,12 @@ class SpMV:
         if self._ghost_upload is not None:   # the last product's upload read _ghost
             self._ghost_upload.wait()
             self._ghost_upload = None
+        ready = cl.enqueue_marker(self.queue) if pack is not None else None
         with record_launches() as events:
             self.diag.matvec(x_dev, out=y_dev, alpha=alpha, beta=beta)
         self.queue.flush()                   # start the kernels before we block below
-        if packed is not None:
-            packed.wait()
+        if pack is not None:
+            pack(ready).wait()
         t_start = time.perf_counter()
         times["pack"] = t_start - t0
         if requests:
