@@ -533,8 +533,7 @@ class SpMV:
         """Exchange, diagonal product, off-diagonal product (device vectors).
 
         Two queues: ours runs the kernels, ``_xqueue`` the exchange's device work (the
-        gather and copy of the values to send, ``pack(ready)``, enqueued after the
-        diagonal block's kernels so that these start first; the upload of the ghosts),
+        gather and copy of the values to send, ``pack(ready)``; the upload of the ghosts),
         so copies overlap the diagonal block's kernels instead of waiting behind them.
         The off-diagonal kernels wait for the upload through a barrier on ours."""
         MPI = mpi()
@@ -542,12 +541,17 @@ class SpMV:
         if self._ghost_upload is not None:   # the last product's upload read _ghost
             self._ghost_upload.wait()
             self._ghost_upload = None
-        ready = cl.enqueue_marker(self.queue) if pack is not None else None
+        # The gather goes first: enqueued after the diagonal kernels, its wait on the
+        # marker below ended only with those kernels on NVIDIA's driver (measured:
+        # 0.85 ms instead of 0.2 ms to pack on an H200).
+        packed = pack(cl.enqueue_marker(self.queue)) if pack is not None else None
+        if packed is not None:
+            self._xqueue.flush()
         with record_launches() as events:
             self.diag.matvec(x_dev, out=y_dev, alpha=alpha, beta=beta)
         self.queue.flush()                   # start the kernels before we block below
-        if pack is not None:
-            pack(ready).wait()
+        if packed is not None:
+            packed.wait()
         t_start = time.perf_counter()
         times["pack"] = t_start - t0
         if requests:
