@@ -102,6 +102,33 @@ def error_case(name, call):
         SUMMARY["errors"][name] = messages
 
 
+def refused_product_case(band):
+    """The last rank gives a wrong-length vector to a product (then to a transposed
+    one): it raises its own error, its neighbours a DistributedInputError naming it,
+    the other ranks finish; nobody waits forever, and the next product is right."""
+    op = psd.SpMV.from_global(band if rank == 0 else None, comm, partition="rows", **FAST)
+    bad = size - 1
+    x = np.ones(op.local_shape[1] + (1 if rank == bad else 0))
+    y = np.ones(op.local_shape[0] + (1 if rank == bad else 0))
+    outcome = {}
+    for name, call in (("matvec", lambda: op.matvec(x)), ("rmatvec", lambda: op.rmatvec(y)),
+                       ("device", lambda: op.matvec(cla.to_device(op.queue, x)))):
+        try:
+            call()
+            outcome[name] = None
+        except Exception as exc:      # noqa: BLE001 - reported to the test
+            outcome[name] = f"{type(exc).__name__}: {exc}"
+    a, b = op.col_range
+    xs = np.random.default_rng(3).standard_normal(band.shape[1])
+    after = gather(op @ xs[a:b])
+    outcomes = comm.gather(outcome, root=0)
+    neighbours = comm.gather([int(q) for q in op.comm_plan.neighbours], root=0)
+    if rank == 0:
+        SUMMARY["refused"] = {"outcomes": outcomes, "neighbours": neighbours, "bad": bad}
+        np.savez(OUT / "refused.npz", x=xs, y=after)
+    op.free()
+
+
 def cg_case():
     A = generators.poisson2d(14)            # 196 unknowns, SPD
     x_true = np.random.default_rng(5).standard_normal(A.shape[0])
@@ -288,6 +315,7 @@ def main():
         eye if rank == 0 else None, comm, partition="metis",
         col_range=(0, 10) if rank == 0 else (10, 10), **FAST))
     metis_missing_case()
+    refused_product_case(band)
     # After the refusals the ranks still work together.
     product_case("after_errors", band, lambda: psd.SpMV.from_global(
         band if rank == 0 else None, comm, **FAST))

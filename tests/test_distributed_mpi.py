@@ -21,6 +21,7 @@ import scipy.sparse.linalg as spla
 from conftest import assert_close, reference
 
 import pyspmv_cl as psc
+from pyspmv_cl.bench import generators
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "mpi_driver.py"
@@ -167,6 +168,29 @@ def test_node_local_devices(mpi_run):
     same_kind = [d.id for d in found if d.profile.device_type == kind]
     got = [r["device"] for r in summary["products"]["random"]["ranks"]]
     assert got == [same_kind[r % len(same_kind)] for r in range(summary["size"])]
+
+
+def test_a_refused_product_leaves_no_rank_waiting(mpi_run):
+    """A rank refusing its vector still exchanges (with a refusal flag): it raises its
+    own error, its neighbours name it, the others finish, and the next product on
+    every rank is right (the driver's timeout turns a hang into a failure)."""
+    out, summary = mpi_run
+    refused = summary["refused"]
+    bad = refused["bad"]
+    for r, (outcome, nbrs) in enumerate(zip(refused["outcomes"], refused["neighbours"])):
+        for name, message in outcome.items():
+            if r == bad:
+                assert message.startswith("InvalidInputError") and "shape" in message, \
+                    (name, message)
+            elif bad in nbrs:
+                assert message.startswith("DistributedInputError"), (r, name, message)
+                assert f"rank {bad}" in message and "refused" in message
+            else:
+                assert message is None, (r, name, message)
+    assert any(bad in nbrs for nbrs in refused["neighbours"][:bad])
+    data = np.load(out / "refused.npz")
+    band = generators.banded(400, 7, seed=2)
+    assert_close(data["y"], reference(band, data["x"]), band, data["x"], np.float64)
 
 
 @pytest.mark.parametrize("case", list(ERRORS))

@@ -35,6 +35,7 @@ from .plan import (
 
 _TAG = 7519
 _RTAG = 7520     # the transposed product's messages (the exchange in reverse)
+_FTAG, _RFTAG = 7521, 7522   # the refusal flags of each (see SpMV._refusable)
 
 
 def mpi():
@@ -395,6 +396,14 @@ class SpMV:
         for i, q in enumerate(plan.send_ranks):
             requests.append(self.comm.Send_init(
                 self._send[plan.send_ptr[i]:plan.send_ptr[i + 1]], int(q), _TAG))
+        # One flag per message each way: a rank refusing its input still exchanges
+        # (see _refusable), and its neighbours learn of it instead of waiting.
+        self._flag_in = np.zeros(len(plan.recv_ranks), dtype=np.int32)
+        self._flag_out = np.zeros(len(plan.send_ranks), dtype=np.int32)
+        for i, q in enumerate(plan.recv_ranks):
+            requests.append(self.comm.Recv_init(self._flag_in[i:i + 1], int(q), _FTAG))
+        for i, q in enumerate(plan.send_ranks):
+            requests.append(self.comm.Send_init(self._flag_out[i:i + 1], int(q), _FTAG))
         self._requests = requests
         self._ghost_upload = None
         self._offdiag_done = None
@@ -429,7 +438,41 @@ class SpMV:
         for i, q in enumerate(plan.recv_ranks):
             requests.append(self.comm.Send_init(
                 self._rsend[plan.recv_ptr[i]:plan.recv_ptr[i + 1]], int(q), _RTAG))
+        self._rflag_in = np.zeros(len(plan.send_ranks), dtype=np.int32)
+        self._rflag_out = np.zeros(len(plan.recv_ranks), dtype=np.int32)
+        for i, q in enumerate(plan.send_ranks):
+            requests.append(self.comm.Recv_init(self._rflag_in[i:i + 1], int(q), _RFTAG))
+        for i, q in enumerate(plan.recv_ranks):
+            requests.append(self.comm.Send_init(self._rflag_out[i:i + 1], int(q), _RFTAG))
         self._rrequests = requests
+
+    def _refusable(self, product, requests, flag_out, *args):
+        """Run ``product``; if this rank refuses its input before the exchange started,
+        still take part in the exchange with a refusal flag set, then raise.  The
+        neighbours see the flag and raise too, so no rank waits forever for a message
+        (ranks that exchange nothing with this one finish their product)."""
+        self._exchange_started = False
+        try:
+            return product(*args)
+        except (PySpMVError, TypeError, ValueError):
+            if not self._exchange_started and requests:
+                MPI = mpi()
+                flag_out[:] = 1
+                try:
+                    MPI.Prequest.Startall(requests)
+                    MPI.Request.Waitall(requests)
+                finally:
+                    flag_out[:] = 0
+            raise
+
+    def _check_flags(self, flag_in, ranks, what):
+        """After an exchange: raise if a neighbour refused its input of this product."""
+        if flag_in.any():
+            bad = [int(r) for r, f in zip(ranks, flag_in) if f]
+            raise DistributedInputError(
+                f"{what} refused on rank{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))} (its input; see the error there): this "
+                f"rank's result is not computed")
 
     def __matmul__(self, x):
         return self.matvec(x)
@@ -453,6 +496,10 @@ class SpMV:
         (ghost upload + kernels + result to host), ``total``, and ``hidden``: the part
         of ``local`` and ``exchange`` that overlapped.
         """
+        return self._refusable(self._matvec, self._requests, self._flag_out,
+                               x_local, out, alpha, beta)
+
+    def _matvec(self, x_local, out, alpha, beta):
         alpha, beta = float(alpha), float(beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
@@ -554,8 +601,10 @@ class SpMV:
         t_start = time.perf_counter()
         times["pack"] = t_start - t0
         if requests:
+            self._exchange_started = True
             MPI.Prequest.Startall(requests)
             MPI.Request.Waitall(requests)
+            self._check_flags(self._flag_in, self.comm_plan.recv_ranks, "the product")
         t_exchanged = time.perf_counter()
         exchange = t_exchanged - t_start
         if self.offdiag is not None:
@@ -617,12 +666,16 @@ class SpMV:
         block's kernels), ``hidden`` (their overlap), ``unpack`` (adding what came in,
         the result's copy to the host included) and ``total``.
         """
+        if self._rrequests is None:
+            self._rbuffers()
+        return self._refusable(self._rmatvec, self._rrequests, self._rflag_out,
+                               y_local, out, alpha, beta)
+
+    def _rmatvec(self, y_local, out, alpha, beta):
         alpha, beta = float(alpha), float(beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the x to accumulate into")
         m, n = self.local_shape
-        if self._rrequests is None:
-            self._rbuffers()
         if not isinstance(y_local, cla.Array):
             y = np.asarray(y_local)
             if y.dtype.kind not in "fiub":
@@ -699,11 +752,14 @@ class SpMV:
         t_start = time.perf_counter()
         times["offdiag"] = t_start - t0
         if requests:
+            self._exchange_started = True
             MPI.Prequest.Startall(requests)
         with record_launches() as events:
             self.diag.rmatvec(y_dev, out=x_dev, alpha=alpha, beta=beta)
         if requests:
             MPI.Request.Waitall(requests)
+            self._check_flags(self._rflag_in, self.comm_plan.send_ranks,
+                              "the transposed product")
         t_exchanged = time.perf_counter()
         if events:
             events[-1].wait()
