@@ -224,6 +224,21 @@ def test_split_block_keeps_duplicates_and_order():
     assert off.indices.tolist() == [1, 0, 1] and off.data.tolist() == [1.0, 2.0, 3.0]
 
 
+def test_split_block_without_ghosts_shifts_and_keeps_the_input():
+    """A block whose columns are all owned (one rank, a block diagonal) takes the short
+    path: the same entries, columns shifted, no off-diagonal part, the input intact."""
+    rng = np.random.default_rng()
+    inner = sp.random(30, 50, density=0.1, format="csr", random_state=rng)
+    block = sp.hstack([sp.csr_matrix((30, 100)), inner, sp.csr_matrix((30, 20))]).tocsr()
+    before = [a.copy() for a in (block.data, block.indices, block.indptr)]
+    diag, off, garray = dp.split_block(block, 100, 150)
+    assert diag.shape == (30, 50) and off.shape == (30, 0) and off.nnz == 0
+    assert garray.size == 0
+    np.testing.assert_array_equal(diag.toarray(), inner.toarray())
+    for a, b in zip(before, (block.data, block.indices, block.indptr)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_split_block_both_ghost_paths_agree():
     """split_block finds the ghosts with a table over all columns, or by sorting when
     the columns vastly outnumber the ghosts: both give the same blocks."""

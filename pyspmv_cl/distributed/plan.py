@@ -104,18 +104,28 @@ def split_block(csr, col_start, col_end):
     (columns compacted to the ghost list).  Returns ``(diag, offdiag, garray)``; the
     entries keep their order within each row (duplicates stay apart)."""
     csr = sp.csr_matrix(csr)
-    m = csr.shape[0]
-    indptr = csr.indptr.astype(np.int64)
-    indices = csr.indices.astype(np.int64)
-    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
+    m, n_cols = csr.shape
+    indices = csr.indices
     own = (indices >= col_start) & (indices < col_end)
+    if own.all():
+        # Every column owned (one rank, or a block diagonal): the block itself, its
+        # column indices shifted, no pass beyond the check.
+        index_dtype = np.int32 if max(m, col_end - col_start, csr.nnz) < 2**31 else np.int64
+        shifted = indices - index_dtype(col_start) if col_start else indices
+        diag = sp.csr_matrix((csr.data, shifted.astype(index_dtype, copy=False),
+                              csr.indptr.astype(index_dtype, copy=False)),
+                             shape=(m, col_end - col_start), copy=False)
+        empty = sp.csr_matrix((m, 0), dtype=csr.dtype)
+        return diag, empty, np.zeros(0, dtype=np.int64)
     other = ~own
-    diag_ptr = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows[own], minlength=m), out=diag_ptr[1:])
-    off_ptr = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows[other], minlength=m), out=off_ptr[1:])
+    # Row pointers of both blocks from one running count of the ghost entries (no
+    # per-entry row ids): off_ptr[i] = ghost entries before row i.
+    running = np.zeros(csr.nnz + 1, dtype=np.int64)
+    np.cumsum(other, out=running[1:])
+    off_ptr = running[csr.indptr]
+    del running
+    diag_ptr = csr.indptr.astype(np.int64) - off_ptr
     ghost_cols = indices[other]
-    n_cols = csr.shape[1]
     if n_cols <= 8 * ghost_cols.size + (1 << 20):
         # A mark and a lookup table over all columns: two linear passes, where a sort
         # (np.unique) and a binary search per entry take tens of seconds at 10^8 entries.
@@ -134,6 +144,7 @@ def split_block(csr, col_start, col_end):
         else np.int64
     diag = sp.csr_matrix((csr.data[own], (indices[own] - col_start).astype(index_dtype),
                           diag_ptr.astype(index_dtype)), shape=(m, col_end - col_start))
+    del own
     offdiag = sp.csr_matrix((csr.data[other], compact.astype(index_dtype),
                              off_ptr.astype(index_dtype)), shape=(m, len(garray)))
     return diag, offdiag, garray
