@@ -211,11 +211,13 @@ class SpMV:
         """Return ``alpha * A @ x + beta * out`` (stored into ``out`` when given).
 
         ``x`` and ``out`` may be numpy arrays (host) or pyopencl arrays on this
-        operator's context, contiguous and at offset 0 of their buffer (they stay on
-        the device; the call then returns without waiting, ordered by the arrays'
-        events).  ``out`` may be ``x`` or overlap it.  With ``beta == 0`` the old contents of
-        ``out`` are never read.  ``x`` may be 1-D or ``(n, 1)``; an ``x`` of shape
-        ``(n, k)`` is a block of vectors (see ``matmat``).
+        operator's context, contiguous, at any offset in their buffer (views of a
+        larger array: a view on the device's base-address alignment is used in place,
+        another goes through a temporary), and they stay on the device; the call then
+        returns without waiting, ordered by the arrays' events.  ``out`` may be ``x``
+        or overlap it.  With ``beta == 0`` the old contents of ``out`` are never read.
+        ``x`` may be 1-D or ``(n, 1)``; an ``x`` of shape ``(n, k)`` is a block of
+        vectors (see ``matmat``).
 
         Types (numpy's promotion): without ``out`` the result has dtype
         ``numpy.result_type(op.dtype, x.dtype)``.  The kernel always computes in
@@ -250,8 +252,8 @@ class SpMV:
         vectors (``k`` is cut into blocks of 16, 8, 4, 2, 1), from a row-major ``n x
         k`` copy of X on the device: a host ``X`` of any order, a view included, is
         copied into one (and the result read back from a row-major ``m x k`` block);
-        a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays at
-        offset 0 (others: ``UnsupportedLayoutError``).  Other formats multiply column
+        a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays, at
+        any offset (others: ``UnsupportedLayoutError``).  Other formats multiply column
         by column (device arrays through a column copy on the device)."""
         check_block(X, "matmat")
         return self.matvec(X, out=out, alpha=alpha, beta=beta)
@@ -644,7 +646,10 @@ class SpMV:
         if arr.size == 0 or arr.base_data is None:
             return self._staging_buffer("dummy", 1)
         if arr.offset:
-            raise InvalidInputError(f"{name} must start at the beginning of its buffer (offset 0)")
+            # A view: the sub-buffer of the root buffer it covers (_matvec_device has
+            # moved views off the alignment sub-buffers need to temporaries).
+            return _memory_root(arr.base_data).get_sub_region(self._root_offset(arr),
+                                                              arr.nbytes)
         return arr.base_data
 
     def _device_product(self, x_buf, y_buf, alpha, beta, wait_for, block):
@@ -655,6 +660,45 @@ class SpMV:
         return self._device_columns(x_buf, y_buf, block, alpha, beta, wait_for)
 
     def _matvec_device(self, x, out, alpha, beta):
+        """Device arrays at any offset: a view starting on the device's base-address
+        alignment is passed as a sub-buffer (no copy); another one goes through a
+        temporary at offset 0 (x copied in; out copied in when beta reads it, and the
+        result copied back into the view), which OpenCL's sub-buffers cannot avoid."""
+        x_moved = self._misaligned(x)
+        out_moved = _is_device_array(out) and self._misaligned(out)
+        if not (x_moved or out_moved):
+            return self._matvec_device_aligned(x, out, alpha, beta)
+        if x_moved:
+            x = x.copy(queue=self.queue)
+        if not out_moved:
+            return self._matvec_device_aligned(x, out, alpha, beta)
+        work = out.copy(queue=self.queue) if beta != 0 else \
+            cla.empty(self.queue, out.shape, out.dtype, order="F" if (
+                out.flags.f_contiguous and not out.flags.c_contiguous) else "C")
+        self._matvec_device_aligned(x, work, alpha, beta)
+        out.add_event(cla.Array._copy(out, work, queue=self.queue))
+        return out
+
+    def _misaligned(self, arr):
+        """Whether a device array starts off the device's sub-buffer alignment."""
+        if not arr.offset or arr.base_data is None or arr.size == 0 or not (
+                arr.flags.c_contiguous or arr.flags.f_contiguous):
+            return False     # (a strided view is refused by _device_buffer)
+        return self._root_offset(arr) % self._base_align != 0
+
+    @property
+    def _base_align(self):
+        return max(1, self.device.cl_device.mem_base_addr_align // 8)
+
+    @staticmethod
+    def _root_offset(arr):
+        """The array's byte offset in its root buffer (a sub-buffer's own offset too)."""
+        buf = arr.base_data
+        inner = buf.get_info(cl.mem_info.OFFSET) if \
+            buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT) else 0
+        return arr.offset + inner
+
+    def _matvec_device_aligned(self, x, out, alpha, beta):
         self._check_x_shape(x.shape)
         block = x.shape[1] if x.ndim == 2 and x.shape[1] != 1 else None
         if block is not None:
