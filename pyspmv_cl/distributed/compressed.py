@@ -13,29 +13,11 @@ at those rows.
 import numpy as np
 import pyopencl.array as cla
 import scipy.sparse as sp
-from pyopencl.elementwise import ElementwiseKernel
-from pyopencl.tools import dtype_to_ctype
 
 from .exchange_kernels import ExchangeKernels
 
-_SCATTER = {}
-
 #: Compress when at most this fraction of the rows is non-empty.
 COMPRESS_BELOW = 0.5
-
-
-def scatter_add(context, dtype):
-    """``x[idx[i]] += v[i]`` over ``i < len(idx)`` (distinct ``idx``: no two work items
-    write one entry), one kernel per context and dtype."""
-    key = (context.int_ptr, np.dtype(dtype).name)
-    if key not in _SCATTER:
-        t = dtype_to_ctype(dtype)
-        body = (f"x[idx[i]] = {t[:-2]}_add(x[idx[i]], v[i])" if np.dtype(dtype).kind == "c"
-                else "x[idx[i]] += v[i]")
-        # The index array comes first: an elementwise kernel runs over its first array.
-        _SCATTER[key] = ElementwiseKernel(context, f"const long *idx, const {t} *v, {t} *x",
-                                          body, "pyspmv_scatter_add")
-    return _SCATTER[key]
 
 
 class CompressedRows:

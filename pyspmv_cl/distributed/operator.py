@@ -18,7 +18,7 @@ from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from ..inputs import as_host_csr
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
-from .compressed import CompressedRows, scatter_add
+from .compressed import CompressedRows
 from .exchange_kernels import ExchangeKernels
 from .partition import metis_partition, permute_symmetric
 from .plan import (
@@ -446,6 +446,52 @@ class SpMV:
             requests.append(self.comm.Send_init(self._rflag_out[i:i + 1], int(q), _RFTAG))
         self._rrequests = requests
 
+    def _host_operand(self, v, out, name, size, result_size, where):
+        """Check a numpy operand (``size`` owned entries, ``where`` says which) and its
+        ``out``; returns the operand as an array and the result's shape."""
+        v = np.asarray(v)
+        if v.dtype.kind not in "fiub":
+            raise UnsupportedDtypeError(f"{name} must hold numbers, not {v.dtype}")
+        if v.shape not in ((size,), (size, 1)):
+            raise InvalidInputError(f"{name}_local has shape {v.shape}; rank {self.rank} "
+                                    f"owns {size} entries of {name} ({where})")
+        result_shape = (result_size,) if v.ndim == 1 else (result_size, 1)
+        if out is not None:
+            if not isinstance(out, np.ndarray) or out.shape != result_shape:
+                raise InvalidInputError(f"out must be a numpy array of shape {result_shape}")
+            if out.dtype.kind != "f":
+                raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+        return v, result_shape
+
+    def _host_result(self, staged, result_shape, out, operand_dtype):
+        """The host result from its staging array: into ``out``, or a new array of
+        numpy's promoted type."""
+        if out is None:
+            return staged.reshape(result_shape).astype(
+                np.result_type(self.dtype, operand_dtype), copy=True)
+        out[...] = staged.reshape(result_shape)
+        return out
+
+    def _device_operand(self, v, out, name, size, result_size):
+        """Check a device operand and its ``out`` (made when None); returns both, the
+        operand flat and in ``op.dtype``."""
+        if v.shape not in ((size,), (size, 1)):
+            raise InvalidInputError(f"{name}_local has shape {v.shape}; rank {self.rank} "
+                                    f"owns {size} entries of {name}")
+        if v.context != self.device.context:
+            raise InvalidInputError(f"{name}_local lives on another OpenCL context than "
+                                    "this rank's operator (use op.queue)")
+        v = v.reshape(size)
+        if v.dtype != self.dtype:
+            v = v.astype(self.dtype)
+        if out is None:
+            out = cla.empty(self.queue, result_size, self.dtype)
+        elif (not isinstance(out, cla.Array) or out.size != result_size
+              or out.dtype != self.dtype):
+            raise InvalidInputError(f"with a device {name}, out must be a pyopencl array "
+                                    f"of {result_size} {self.dtype} values")
+        return v, out
+
     def _refusable(self, product, requests, flag_out, *args):
         """Run ``product``; if this rank refuses its input before the exchange started,
         still take part in the exchange with a refusal flag set, then raise.  The
@@ -506,19 +552,8 @@ class SpMV:
         m, n = self.local_shape
         on_device = isinstance(x_local, cla.Array)
         if not on_device:
-            x = np.asarray(x_local)
-            if x.dtype.kind not in "fiub":
-                raise UnsupportedDtypeError(f"x must hold numbers, not {x.dtype}")
-            if x.shape not in ((n,), (n, 1)):
-                raise InvalidInputError(f"x_local has shape {x.shape}; rank {self.rank} "
-                                        f"owns {n} entries of x (columns {self.col_range})")
-            result_shape = (m,) if x.ndim == 1 else (m, 1)
-            if out is not None:
-                if not isinstance(out, np.ndarray) or out.shape != result_shape:
-                    raise InvalidInputError(f"out must be a numpy array of shape "
-                                            f"{result_shape}")
-                if out.dtype.kind != "f":
-                    raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+            x, result_shape = self._host_operand(x_local, out, "x", n, m,
+                                                 f"columns {self.col_range}")
             times = {}
             t0 = time.perf_counter()
             xc = np.ascontiguousarray(x.reshape(n), dtype=self.dtype)
@@ -529,7 +564,6 @@ class SpMV:
                 cl.enqueue_copy(self.queue, self._y_dev.data,
                                 np.ascontiguousarray(out.reshape(m), dtype=self.dtype),
                                 is_blocking=False)
-            times["pack"] = time.perf_counter() - t0
             self._product(self._x_dev, self._y_dev, alpha, beta, times, t0)
             t = time.perf_counter()
             if m:
@@ -539,27 +573,10 @@ class SpMV:
             times["offdiag"] += time.perf_counter() - t
             times["total"] = time.perf_counter() - t0
             self._record(times)
-            if out is None:
-                return self._y_host.reshape(result_shape).astype(
-                    np.result_type(self.dtype, x.dtype), copy=True)
-            out[...] = self._y_host.reshape(result_shape)
-            return out
+            return self._host_result(self._y_host, result_shape, out, x.dtype)
         # Device vectors: they stay on the device; only the packed values and the
         # ghosts cross to the host.
-        if x_local.shape not in ((n,), (n, 1)):
-            raise InvalidInputError(f"x_local has shape {x_local.shape}; rank {self.rank} "
-                                    f"owns {n} entries of x")
-        if x_local.context != self.device.context:
-            raise InvalidInputError("x_local lives on another OpenCL context than this "
-                                    "rank's operator (use op.queue)")
-        x = x_local.reshape(n)
-        if x.dtype != self.dtype:
-            x = x.astype(self.dtype)
-        if out is None:
-            out = cla.empty(self.queue, m, self.dtype)
-        elif not isinstance(out, cla.Array) or out.size != m or out.dtype != self.dtype:
-            raise InvalidInputError(f"with a device x, out must be a pyopencl array of "
-                                    f"{m} {self.dtype} values")
+        x, out = self._device_operand(x_local, out, "x", n, m)
         times = {}
         t0 = time.perf_counter()
         pack = None
@@ -677,19 +694,8 @@ class SpMV:
             raise InvalidInputError("beta != 0 needs out= holding the x to accumulate into")
         m, n = self.local_shape
         if not isinstance(y_local, cla.Array):
-            y = np.asarray(y_local)
-            if y.dtype.kind not in "fiub":
-                raise UnsupportedDtypeError(f"y must hold numbers, not {y.dtype}")
-            if y.shape not in ((m,), (m, 1)):
-                raise InvalidInputError(f"y_local has shape {y.shape}; rank {self.rank} "
-                                        f"owns {m} entries of y (rows {self.row_range})")
-            result_shape = (n,) if y.ndim == 1 else (n, 1)
-            if out is not None:
-                if not isinstance(out, np.ndarray) or out.shape != result_shape:
-                    raise InvalidInputError(f"out must be a numpy array of shape "
-                                            f"{result_shape}")
-                if out.dtype.kind != "f":
-                    raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
+            y, result_shape = self._host_operand(y_local, out, "y", m, n,
+                                                 f"rows {self.row_range}")
             times = {}
             t0 = time.perf_counter()
             yc = np.ascontiguousarray(y.reshape(m), dtype=self.dtype)
@@ -709,26 +715,9 @@ class SpMV:
             times["unpack"] += time.perf_counter() - t
             times["total"] = time.perf_counter() - t0
             self._record(times, self.rtimings)
-            if out is None:
-                return self._x_host.reshape(result_shape).astype(
-                    np.result_type(self.dtype, y.dtype), copy=True)
-            out[...] = self._x_host.reshape(result_shape)
-            return out
+            return self._host_result(self._x_host, result_shape, out, y.dtype)
         # Device vectors: only the ghosts' contributions and the received ones cross.
-        if y_local.shape not in ((m,), (m, 1)):
-            raise InvalidInputError(f"y_local has shape {y_local.shape}; rank {self.rank} "
-                                    f"owns {m} entries of y")
-        if y_local.context != self.device.context:
-            raise InvalidInputError("y_local lives on another OpenCL context than this "
-                                    "rank's operator (use op.queue)")
-        y = y_local.reshape(m)
-        if y.dtype != self.dtype:
-            y = y.astype(self.dtype)
-        if out is None:
-            out = cla.empty(self.queue, n, self.dtype)
-        elif not isinstance(out, cla.Array) or out.size != n or out.dtype != self.dtype:
-            raise InvalidInputError(f"with a device y, out must be a pyopencl array of "
-                                    f"{n} {self.dtype} values")
+        y, out = self._device_operand(y_local, out, "y", m, n)
         times = {}
         t0 = time.perf_counter()
         self._rproduct(y, out.reshape(n), alpha, beta, times, on_device=True)
@@ -775,8 +764,8 @@ class SpMV:
             if on_device:
                 self._racc_upload = cl.enqueue_copy(self.queue, self._racc_dev.data,
                                                     self._racc, is_blocking=False)
-                scatter_add(self.queue.context, self.dtype)(
-                    self._rtargets_dev, self._racc_dev, x_dev, queue=self.queue)
+                self._kernels.scatter_add(self.queue, self._rtargets_dev,
+                                          self._racc_dev, x_dev)
         times["unpack"] = time.perf_counter() - t
 
     def _record(self, times, into=None):
