@@ -45,16 +45,22 @@ def offsets_for(A, nparts, how):
     return dp.partition_rows(A.indptr, nparts, how)
 
 
+def simulated(A, nparts, how):
+    """Every rank's blocks and plan, the row offsets and the column offsets (the rows'
+    for a square matrix, PETSc's even split otherwise)."""
+    offsets = offsets_for(A, nparts, how)
+    m, n = A.shape
+    col_offsets = offsets if m == n else dp.even_offsets(n, nparts)
+    return dp.simulate(A, offsets), offsets, col_offsets
+
+
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("nparts", [1, 2, 3, 4, 7])
 @pytest.mark.parametrize("how", ["nnz", "rows", "all_on_first", "all_on_last"])
 def test_simulated_product_matches_scipy(name, nparts, how, rng):
     A = MATRICES[name]
-    offsets = offsets_for(A, nparts, how)
-    parts = dp.simulate(A, offsets)
-    m, n = A.shape
-    col_offsets = offsets if m == n else dp.even_offsets(n, nparts)
-    x = rng.standard_normal(n)
+    parts, offsets, col_offsets = simulated(A, nparts, how)
+    x = rng.standard_normal(A.shape[1])
     y = dp.simulate_product(parts, x, offsets, col_offsets)
     assert_close(y, reference(A, x), A, x, np.float64)
     # Every entry lands in exactly one block.
@@ -67,11 +73,8 @@ def test_simulated_product_matches_scipy(name, nparts, how, rng):
 def test_simulated_transposed_product_matches_scipy(name, nparts, how, rng):
     """The exchange in reverse (as the operator's rmatvec runs it) gives A.T @ y."""
     A = MATRICES[name]
-    offsets = offsets_for(A, nparts, how)
-    parts = dp.simulate(A, offsets)
-    m, n = A.shape
-    col_offsets = offsets if m == n else dp.even_offsets(n, nparts)
-    y = rng.standard_normal(m)
+    parts, offsets, col_offsets = simulated(A, nparts, how)
+    y = rng.standard_normal(A.shape[0])
     At = sp.csr_matrix(A.T)
     x = dp.simulate_rproduct(parts, y, offsets, col_offsets)
     assert_close(x, reference(At, y), At, y, np.float64)
