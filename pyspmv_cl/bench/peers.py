@@ -207,15 +207,23 @@ def _cusparse_builder(A, dtype):
     return _CuSparseSpMV(_as_csr(A, dtype), np.dtype(dtype))
 
 
+_CUDA_VALUE_TYPES = {"float32": "CUDA_R_32F", "float64": "CUDA_R_64F",
+                     "complex64": "CUDA_C_32F", "complex128": "CUDA_C_64F"}
+_CUSPARSE_OPERATIONS = {"N": "CUSPARSE_OPERATION_NON_TRANSPOSE",
+                        "T": "CUSPARSE_OPERATION_TRANSPOSE",
+                        "H": "CUSPARSE_OPERATION_CONJUGATE_TRANSPOSE"}
+
+
 class _CuSparseSpMV:
     """cusparseSpMV through CuPy's bindings with the matrix and vector descriptors, the
     output and the work buffer made once, as a CUDA program keeps them: each product is
     one library call.  (``csr_matrix @ x``, the ``cupy-csr`` peer, makes them on every
     call: about 40 us of host work on an H200, more than the kernel of a small matrix.)
-    The descriptors hold bare device pointers, so this object keeps every array they
-    point to alive: the matrix, y, and the x last seen."""
+    ``operation`` "N", "T" or "H": y = A x, A^T x or A^H x (cuSPARSE's own transposed
+    kernels on the same CSR).  The descriptors hold bare device pointers, so this object
+    keeps every array they point to alive: the matrix, y, and the x last seen."""
 
-    def __init__(self, csr, dtype):
+    def __init__(self, csr, dtype, operation="N"):
         import cupy
         import cupyx.scipy.sparse as csp
         from cupy.cuda import device
@@ -225,14 +233,13 @@ class _CuSparseSpMV:
         self._lib, self._cusparse = lib, cusparse
         self.matrix = csp.csr_matrix(csr)   # upload once
         self.handle = device.get_cusparse_handle()
-        self.op = lib.CUSPARSE_OPERATION_NON_TRANSPOSE
+        self.op = getattr(lib, _CUSPARSE_OPERATIONS[operation])
         self.alg = getattr(lib, "CUSPARSE_SPMV_ALG_DEFAULT",
                            getattr(lib, "CUSPARSE_MV_ALG_DEFAULT", 0))
-        self.value_type = {np.dtype(np.float32): cupy.cuda.runtime.CUDA_R_32F,
-                           np.dtype(np.float64): cupy.cuda.runtime.CUDA_R_64F}[dtype]
+        self.value_type = getattr(cupy.cuda.runtime, _CUDA_VALUE_TYPES[dtype.name])
         self.alpha, self.beta = np.ones(1, dtype), np.zeros(1, dtype)   # host scalars
         self.desc_a = cusparse.SpMatDescriptor.create(self.matrix)
-        self.y = cupy.empty(csr.shape[0], dtype)
+        self.y = cupy.empty(csr.shape[0] if operation == "N" else csr.shape[1], dtype)
         self.desc_y = cusparse.DnVecDescriptor.create(self.y)
         self.x = self.desc_x = self.buffer = None
 
@@ -251,6 +258,55 @@ class _CuSparseSpMV:
                  self.desc_x.desc, self.beta.ctypes.data, self.desc_y.desc, self.value_type,
                  self.alg, self.buffer.data.ptr)
         return self.y
+
+
+class CuSparseSpMM:
+    """cusparseSpMM (C = A B, B of shape n x k) with every descriptor and the work
+    buffer made once for one B and C, in row-major (``order="C"``) or column-major
+    (``"F"``) layout; ``preprocess`` runs cusparseSpMM_preprocess once where CuPy has
+    it.  Used by benchmarks/products.py; keeps B, C and the matrix alive."""
+
+    def __init__(self, csr, dtype, B, order="C"):
+        import cupy
+        import cupyx.scipy.sparse as csp
+        from cupy.cuda import device
+        from cupy_backends.cuda.libs import cusparse as lib
+        from cupyx import cusparse
+
+        dtype = np.dtype(dtype)
+        self._lib = lib
+        self.matrix = csp.csr_matrix(csr)
+        self.handle = device.get_cusparse_handle()
+        self.value_type = getattr(cupy.cuda.runtime, _CUDA_VALUE_TYPES[dtype.name])
+        self.alpha, self.beta = np.ones(1, dtype), np.zeros(1, dtype)
+        n, k = B.shape
+        m = csr.shape[0]
+        self.B = cupy.asarray(B, dtype=dtype, order=order)
+        self.C = cupy.zeros((m, k), dtype=dtype, order=order)
+        layout = lib.CUSPARSE_ORDER_ROW if order == "C" else lib.CUSPARSE_ORDER_COL
+        self.desc_a = cusparse.SpMatDescriptor.create(self.matrix)
+        self.desc_b = lib.createDnMat(n, k, k if order == "C" else n, self.B.data.ptr,
+                                      self.value_type, layout)
+        self.desc_c = lib.createDnMat(m, k, k if order == "C" else m, self.C.data.ptr,
+                                      self.value_type, layout)
+        self.op = lib.CUSPARSE_OPERATION_NON_TRANSPOSE
+        self.alg = getattr(lib, "CUSPARSE_SPMM_ALG_DEFAULT",
+                           getattr(lib, "CUSPARSE_MM_ALG_DEFAULT", 0))
+        size = lib.spMM_bufferSize(self.handle, self.op, self.op, self.alpha.ctypes.data,
+                                   self.desc_a.desc, self.desc_b, self.beta.ctypes.data,
+                                   self.desc_c, self.value_type, self.alg)
+        self.buffer = cupy.empty(max(1, size), cupy.int8)
+
+    def __call__(self):
+        self._lib.spMM(self.handle, self.op, self.op, self.alpha.ctypes.data,
+                       self.desc_a.desc, self.desc_b, self.beta.ctypes.data, self.desc_c,
+                       self.value_type, self.alg, self.buffer.data.ptr)
+        return self.C
+
+    def __del__(self):
+        for desc in ("desc_b", "desc_c"):
+            if getattr(self, desc, None) is not None:
+                self._lib.destroyDnMat(getattr(self, desc))
 
 
 def _cuda_peer(name, builder) -> Peer:
