@@ -71,6 +71,7 @@ def product_case(name, A, build, dtype=np.float64):
                  and view.local_shape == op.local_shape[::-1])
     stats = comm.gather({"rank": rank, "ghosts": int(op.comm_plan.n_ghosts),
                          "send": int(op.comm_plan.n_send), "rows": list(op.row_range),
+                         "send_copies": len(op._send_runs or ()),
                          "device": op.device.id, "formats": list(op.format),
                          "nbytes": int(op.nbytes), "y_dtype": str(y.dtype),
                          "xt_dtype": str(xt.dtype), "view_layout": layout_ok}, root=0)

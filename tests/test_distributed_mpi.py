@@ -118,6 +118,17 @@ def test_products_match_scipy(mpi_run, case):
     assert all(r["y_dtype"] == "float64" for r in ranks)   # numpy's promotion
 
 
+def test_contiguous_sends_are_copied_without_a_gather(mpi_run):
+    """Row slabs of a banded matrix send a few contiguous runs of x: those go by plain
+    copies (checked right in test_products_match_scipy's y_dev); the scattered sends
+    of a random matrix by the gather kernel."""
+    _, summary = mpi_run
+    banded = summary["products"]["banded"]["ranks"]
+    assert all(r["send_copies"] in (1, 2) for r in banded if r["send"])
+    assert any(r["send"] for r in banded)
+    assert all(r["send_copies"] == 0 for r in summary["products"]["random"]["ranks"])
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_transposed_products_match_scipy(mpi_run, case):
     """op.rmatvec / op.T @ y (the exchange in reverse) against scipy's A.T @ y."""

@@ -289,3 +289,16 @@ def test_core_does_not_import_mpi4py():
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_contiguous_runs():
+    from pyspmv_cl.distributed.operator import contiguous_runs
+
+    idx = np.array([5, 6, 7, 20, 21, 3])
+    runs = contiguous_runs(idx, 4)
+    assert runs == [(5, 0, 3), (20, 3, 2), (3, 5, 1)]
+    rebuilt = np.concatenate([start + np.arange(n) for start, _, n in runs])
+    assert np.array_equal(rebuilt, idx)
+    assert contiguous_runs(idx, 2) is None
+    assert contiguous_runs(np.zeros(0, np.int64), 4) is None
+    assert contiguous_runs(np.arange(10, 1000), 1) == [(10, 0, 990)]
