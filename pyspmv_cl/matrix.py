@@ -792,7 +792,8 @@ class SpMV:
         ``A.tocsr().data``).  No re-conversion and no re-tuning: the first call finds
         where the format stores each entry (one host conversion of the pattern) and
         keeps that map on the device (``nbytes`` grows by two indices per entry); every
-        call then costs the upload of the values and one scatter kernel.  Returns when
+        call then costs the upload of the values and one scatter kernel (formats holding
+        the values in CSR order: the upload straight into place, no map).  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
         data = check_values(data, self._structure_source.nnz, complex_ok=self.is_complex)
         with self._lock:

@@ -77,10 +77,31 @@ def test_update_values_for_a_coo_input_uses_csr_order(device, rng):
 
 def test_update_values_counts_its_map_in_nbytes(device, rng):
     A = sp.csr_matrix(CASES["power_law"](rng))
-    op = psc.SpMV(A, format="csr-scalar", device=device)
+    op = psc.SpMV(A, format="sell", device=device)
     before = op.nbytes
     op.update_values(A.data * 2)
-    assert op.nbytes == before + 2 * A.nnz * 4   # slots and sources, 32-bit
+    slots = op._updater.device_layout["values"][0]   # padding excluded: one per entry
+    assert slots == A.nnz
+    assert op.nbytes == before + 2 * slots * 4   # slots and sources, 32-bit
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector", "coo"])
+def test_update_values_in_csr_order_copies_without_a_map(fmt, device, rng):
+    """Formats that keep the values in CSR order get them copied straight in: no map
+    on the device (nbytes unchanged), no scatter kernel; products right after."""
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    op = psc.SpMV(A, format=fmt, device=device)
+    before = op.nbytes
+    for _ in range(2):
+        data = rng.standard_normal(A.nnz)
+        op.update_values(data)
+        assert op._updater.direct and not op._updater.device_layout
+        assert op.nbytes == before
+        B = with_values(A, data)
+        x = rng.standard_normal(A.shape[1])
+        out = poisoned(A.shape[0], np.float64)
+        op.matvec(x, out=out)
+        assert_close(out, reference(B, x), B, x, np.float64)
 
 
 @pytest.mark.parametrize("bad, error, match", [

@@ -87,11 +87,21 @@ class ValueUpdater:
             return
         queue, idx = fmt.device.queue, fmt.index_dtype
         self.device_layout = {}
+        # Arrays that hold the values in CSR order, as they are (the CSR kernels',
+        # coo's; the first ``size`` of them): an update copies straight into them, no
+        # map, no scatter.
+        self.direct = [name for name, (slots, sources) in self.layout.items()
+                       if slots.size == fmt.value_array_sizes[name]
+                       and _is_identity(slots) and _is_identity(sources)]
         for name, (slots, sources) in self.layout.items():
+            if name in self.direct:
+                continue
             slots_buf, sources_buf = upload_all(
                 queue, {"slots": slots.astype(idx), "sources": sources.astype(idx)}).values()
             self.device_layout[name] = (slots.size, slots_buf, sources_buf)
             self.nbytes += 2 * slots.size * idx.itemsize
+        if not self.device_layout:
+            return
         kernels, _ = build_program(fmt.device, SCATTER, dtype=fmt.dtype, index_dtype=idx,
                                    work_group_size=WORK_GROUP_SIZE)
         self.kernel = kernels["scatter_values"]   # this updater's own kernel object
@@ -110,9 +120,17 @@ class ValueUpdater:
                                       is_blocking=False) for name in fmt.value_array_sizes]
             cl.wait_for_events(events)
             return
+        # A direct array holds data[:size] (identity slots and sources).
+        sizes = fmt.value_array_sizes
+        events = [cl.enqueue_copy(queue, fmt.buffers[name], data[:sizes[name]],
+                                  is_blocking=False)
+                  for name in self.direct if sizes[name]]
+        if not self.device_layout:
+            if events:
+                cl.wait_for_events(events)
+            return
         src = upload(queue, data)
         spec, types = SCATTER.kernels[0], fmt.scalar_types()
-        events = []
         for name, (count, slots, sources) in self.device_layout.items():
             if not count:
                 continue
@@ -126,6 +144,10 @@ class ValueUpdater:
         if events:
             cl.wait_for_events(events)
         src.release()
+
+
+def _is_identity(positions) -> bool:
+    return bool(np.array_equal(positions, np.arange(positions.size)))
 
 
 def check_values(data, nnz: int, complex_ok: bool = False):

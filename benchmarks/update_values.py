@@ -1,0 +1,139 @@
+"""``op.update_values(data)`` against its target (#15): at most the upload of the values
+plus two products.
+
+For each matrix (replicated block-diagonally to ``--replicate-to`` non-zeros), dtype and
+format, medians of ``--repeats`` wall times of:
+
+- ``first``: the first ``update_values`` (it finds where the format stores each entry:
+  one host conversion of the pattern), once;
+- ``update``: later ``update_values(data)`` calls with fresh host values (returns when the
+  device holds them);
+- ``upload``: the plain upload of the same values (``enqueue_copy`` of ``nnz`` values
+  into a device buffer, waited for), the floor of any update;
+- ``spmv``: one product on device vectors, waited for (``matvec`` then ``finish``).
+
+The target holds when ``update <= upload + 2 * spmv`` (``budget`` column: the ratio of
+``update`` to that bound, at most 1 to pass).  Every update is checked: the product after
+it against scipy's with the new values.
+
+    python benchmarks/update_values.py --device nvidia --replicate-to 2e7 \\
+        --formats sell,csr-vector,coo,hyb,ell,ellr-t,csr5,bccoo --json out.json cage10 wing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+import pyspmv_cl as psc
+from pyspmv_cl.bench.generators import block_diagonal, from_spec
+
+
+def resolve(spec):
+    """A bare matrix name read from PYSPMV_CL_MATRIX_DIR (default: the shared matrices
+    beside the checkout); anything else is a generator spec or a path."""
+    folder = Path(os.environ.get("PYSPMV_CL_MATRIX_DIR",
+                                 Path(__file__).resolve().parents[2] / "shared" / "matrices"))
+    path = folder / f"{spec}.mtx.gz"
+    return str(path) if ":" not in spec and path.is_file() else spec
+
+
+def median_s(fn, repeats):
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def bench(A, dtype, fmt, device, repeats, rng):
+    A = A.astype(dtype)
+    op = psc.SpMV(A, device=device, format=fmt)
+    q = op.queue
+    x = rng.standard_normal(A.shape[1]).astype(dtype)
+    xd, yd = cla.to_device(q, x), cla.empty(q, A.shape[0], op.dtype)
+
+    def spmv():
+        op.matvec(xd, out=yd)
+        q.finish()
+    spmv()
+    values = [rng.standard_normal(A.nnz).astype(dtype) for _ in range(2)]
+    t0 = time.perf_counter()
+    op.update_values(values[0])
+    q.finish()
+    first = time.perf_counter() - t0
+    calls = iter(range(10**9))
+
+    def update():
+        op.update_values(values[next(calls) % 2])
+    update_s = median_s(update, repeats)
+    staging = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, max(1, values[0].nbytes))
+
+    def upload():
+        cl.enqueue_copy(q, staging, values[0], is_blocking=True)
+    upload_s = median_s(upload, repeats)
+    spmv_s = median_s(spmv, repeats)
+    # The values now held: the last update's; check the product against scipy.
+    last = values[(next(calls) - 1) % 2]
+    B = A.copy()
+    B.data = last.astype(np.float64)
+    spmv()
+    want = B @ x.astype(np.float64)
+    err = float(np.abs(yd.get() - want).max() / max(np.abs(want).max(), 1e-300))
+    return {"format": op.format, "first_s": first, "update_s": update_s,
+            "upload_s": upload_s, "spmv_s": spmv_s,
+            "budget": update_s / (upload_s + 2 * spmv_s), "rel_err": err}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("matrices", nargs="+")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtypes", default="float32,float64")
+    ap.add_argument("--formats", default="sell,csr-vector,coo,hyb,ell,csr5,bccoo")
+    ap.add_argument("--replicate-to", type=float, default=0)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    device = psc.get_device(args.device)
+    rng = np.random.default_rng(0)
+    print(f"device: {device}", flush=True)
+    print(f"{'matrix':>24} {'dtype':>8} {'format':>10} {'first ms':>9} {'update ms':>9} "
+          f"{'upload ms':>9} {'spmv ms':>8} {'budget':>6} {'rel err':>8}", flush=True)
+    rows = []
+    for spec in args.matrices:
+        name, A = from_spec(resolve(spec))
+        if args.replicate_to and A.nnz:
+            copies = int(np.ceil(args.replicate_to / A.nnz))
+            A, name = block_diagonal(A, copies), f"{name} x{copies}"
+        for dtype in args.dtypes.split(","):
+            for fmt in args.formats.split(","):
+                try:
+                    row = bench(A, dtype, fmt, device, args.repeats, rng)
+                except psc.errors.PySpMVError as exc:
+                    print(f"{name} {dtype} {fmt}: {type(exc).__name__}: {exc}"[:200],
+                          file=sys.stderr)
+                    continue
+                row.update(matrix=name, nnz=int(A.nnz), dtype=dtype)
+                rows.append(row)
+                print(f"{name:>24} {dtype:>8} {row['format']:>10} {row['first_s'] * 1e3:9.2f} "
+                      f"{row['update_s'] * 1e3:9.3f} {row['upload_s'] * 1e3:9.3f} "
+                      f"{row['spmv_s'] * 1e3:8.3f} {row['budget']:6.2f} {row['rel_err']:8.1e}",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": str(device), "argv": sys.argv, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
