@@ -63,6 +63,9 @@ KEEP = _Keep()
 #: under a GPU-shaped profile (which also converts on the device); the full pass adds
 #: the other profiles and every format's own sweep.
 QUICK_VARIANTS = ("default", "gpu32")
+# Formats with both block mappings (block_mapping: "lanes" on GPUs, "items" on CPUs):
+# their block products run with each.
+LANES_FORMATS = ("csr-scalar", "csr-vector")
 
 
 def _keep_device_temporaries():
@@ -266,6 +269,14 @@ def main(argv=None):
                             op, A, dtype, rng, full=i < 2,
                             blocks=label == "default" and (
                                 not args.quick or dtype == np.float32))
+                        if (label == "default" and name in LANES_FORMATS
+                                and (not args.quick or dtype == np.float32)):
+                            # The block mapping the device type did not pick.
+                            other = ({"items", "lanes"} - {op.params["block_mapping"]}).pop()
+                            op2 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
+                                           block_mapping=other, **params)
+                            KEEP.append(op2)
+                            summary["products"] += block_products(op2, A, dtype, rng)
                     except Exception:
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))

@@ -28,13 +28,17 @@ BLOCK_VARIANTS = [
     ("sell", {"mapping": "slices", "slice_height": 8, "sigma": 64}),
     ("sell", {"mapping": "rows", "slice_height": 4, "threads_per_row": 2,
               "work_group_size": 16, "sigma": 1}),
+    # The lanes kernel (the GPU default of both CSR formats; widths up to 32).
+    ("csr-scalar", {"block_mapping": "lanes"}),
+    ("csr-vector", {"mapping": "adaptive", "block_mapping": "lanes"}),
 ]
 BLOCK_FORMATS = {"csr-scalar", "csr-vector", "ell", "sell"}
 
 
 def _id(variant):
     fmt, params = variant
-    return fmt + "".join(f"-{v}" for k, v in params.items() if k in ("mapping", "reduction"))
+    return fmt + "".join(f"-{v}" for k, v in params.items()
+                         if k in ("mapping", "reduction", "block_mapping"))
 
 
 def random_matrix(rng, m, n, density=0.08):
@@ -49,7 +53,8 @@ def check(Y, A, X, dtype, alpha=1.0, beta=0.0, Y0=None):
 
 
 def poisoned(shape, dtype, order="C"):
-    return np.full(shape, POISON[np.dtype(dtype)], dtype=dtype, order=order)
+    nan = complex(np.nan, np.nan) if np.dtype(dtype).kind == "c" else POISON[np.dtype(dtype)]
+    return np.full(shape, nan, dtype=dtype, order=order)
 
 
 @pytest.mark.parametrize("variant", BLOCK_VARIANTS, ids=_id)
@@ -133,6 +138,76 @@ def test_dtypes(device, fmt, dtype):
         Yd = cla.to_device(op.queue, Y0)
         op.matmat(cla.to_device(op.queue, X), out=Yd, alpha=2.0, beta=1.0)
         check(Yd.get(), A, X, np.float32, 2.0, 1.0, Y0)   # out's precision is float32
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64, np.complex128])
+@pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector"])
+def test_lanes_kernel(device, fmt, dtype):
+    """block_mapping="lanes": k up to 32 in one launch of the lanes kernel (33 and 40
+    in two), complex values included; rows of 0, 1 and 5000 entries, a row count that
+    is no multiple of a group's rows; poisoned outputs, alpha/beta, device arrays."""
+    from pyspmv_cl.launching import record_launches
+
+    if np.dtype(dtype) == np.complex128:
+        skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    m, n = 301, 5003
+    A = random_matrix(rng, m, n, density=0.002).tolil()
+    A[5, :] = 0
+    A[7, :] = 0
+    A[7, 11] = 2.5
+    A[9, :] = rng.standard_normal(n)          # a 5000-entry row
+    A = A.tocsr()
+    if np.dtype(dtype).kind == "c":
+        A = A + 1j * A.multiply(rng.standard_normal(A.shape))
+    A = sp.csr_matrix(A)
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, block_mapping="lanes")
+    assert op.has_block_kernels and op.params["block_mapping"] == "lanes"
+
+    def block(k, rows=n):
+        X = rng.standard_normal((rows, k))
+        return X + 1j * rng.standard_normal((rows, k)) if np.dtype(dtype).kind == "c" else X
+
+    A128 = sp.csr_matrix(A, dtype=np.complex128)
+    mags = abs(A128)
+    eps = np.finfo(np.dtype(dtype).char.lower()).eps
+
+    def check(Y, X, alpha=1.0, beta=0.0, Y0=None):
+        """Against scipy in complex128: NaN nowhere (poison caught), error within a
+        bound proportional to |A| |X| (+ |beta Y0|) for the row's 5000 entries."""
+        want = alpha * (A128 @ X.astype(np.complex128))
+        scale = abs(alpha) * (mags @ np.abs(X)) + np.abs(want)
+        if Y0 is not None:
+            want = want + beta * Y0
+            scale = scale + abs(beta) * np.abs(Y0)
+        Y = np.asarray(Y, dtype=np.complex128)
+        assert Y.shape == want.shape and not np.isnan(Y).any()
+        assert np.all(np.abs(Y - want) <= 16 * eps * np.sqrt(5000) * scale + 1e-30)
+
+    # (k = 1 is a single product: the format's own kernel.)
+    for k, launches in ((1, None), (2, 1), (5, 2), (8, 1), (31, 5), (32, 1), (33, 2),
+                        (40, 2)):
+        X = block(k).astype(dtype)
+        Xd = cla.to_device(op.queue, X)
+        Yd = cla.to_device(op.queue, poisoned((m, k), dtype))
+        with record_launches(with_names=True) as events:
+            op.matmat(Xd, out=Yd, alpha=1.5)
+        if launches is not None:
+            assert [name for name, _ in events] == ["csr_lanes_block"] * launches, k
+        check(Yd.get(), X, 1.5)
+        Y0 = block(k, m).astype(dtype)
+        alpha, beta = (0.5 - 1j, 2.0 + 0.5j) if np.dtype(dtype).kind == "c" else (0.5, 2.0)
+        check(op.matmat(X, out=Y0.copy(), alpha=alpha, beta=beta), X, alpha, beta, Y0)
+        check(op @ np.asfortranarray(X), X)
+
+
+def test_lanes_is_the_gpu_default_items_the_cpu_one(device):
+    A = random_matrix(np.random.default_rng(), 40, 30)
+    op = psc.SpMV(A, "csr-scalar", device=device)
+    want = "lanes" if device.profile.is_gpu else "items"
+    assert op.params["block_mapping"] == want
+    with pytest.raises(psc.InvalidParameterError, match="block_mapping"):
+        psc.SpMV(A, "csr-scalar", device=device, block_mapping="warps")
 
 
 def test_views_and_aliasing(device):

@@ -360,6 +360,11 @@ class SpMVFormat:
         ``codegen.BLOCK_ARGS`` (x, y, alpha, beta, ldx, x_col, ldy, y_col)."""
         raise NotImplementedError
 
+    def block_template_for(self, kb: int) -> str:
+        """The template of the width-``kb`` block kernels (``block_template`` unless a
+        parameter picks another)."""
+        return self.block_template
+
     def block_template_params(self, kb: int) -> dict:
         return {**self.template_params(), "block_width": int(kb)}
 
@@ -397,7 +402,8 @@ class SpMVFormat:
             return built
         wg = int(self.params.get("work_group_size", 1))
         while True:
-            program = ProgramSpec(self.block_template, tuple(self.block_kernel_specs(kb)),
+            program = ProgramSpec(self.block_template_for(kb),
+                                  tuple(self.block_kernel_specs(kb)),
                                   self.block_template_params(kb))
             kernels, limit = build_program(self.device, program, dtype=self.dtype,
                                            index_dtype=self.index_dtype, work_group_size=wg)

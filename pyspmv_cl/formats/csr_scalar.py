@@ -11,7 +11,13 @@ from .base import (
     row_per_item_work_group_size,
     skewed_rows,
 )
-from .csr_common import CSR_ROW_ARGS, CSR_ROW_BLOCK_ARGS, CSRFormatBase
+from .csr_common import (
+    BLOCK_MAPPING,
+    CSR_ROW_ARGS,
+    CSR_ROW_BLOCK_ARGS,
+    CSRFormatBase,
+    default_block_mapping,
+)
 from .registry import register
 
 
@@ -21,13 +27,14 @@ class CSRScalar(CSRFormatBase):
     complex_values = True
     order = 0
     template = "csr_scalar.mako"
-    params = (P.work_group_size(),)
+    params = (P.work_group_size(), BLOCK_MAPPING)
     block_widths = BLOCK_WIDTHS
     block_template = "csr_scalar_block.mako"
 
     @classmethod
     def default_params(cls, features, profile, dtype):
-        return {"work_group_size": row_per_item_work_group_size(profile)}
+        return {"work_group_size": row_per_item_work_group_size(profile),
+                "block_mapping": default_block_mapping(profile)}
 
     @classmethod
     def estimate_cost(cls, features, profile, dtype):
@@ -42,10 +49,10 @@ class CSRScalar(CSRFormatBase):
         return [self.step("csr_scalar", *launch_rows(self.shape[0], wg, wg),
                           n_rows=self.shape[0])]
 
-    def block_kernel_specs(self, kb):
+    def items_block_kernel_specs(self, kb):
         return [KernelSpec("csr_scalar_block", CSR_ROW_BLOCK_ARGS, fixed_group=True)]
 
-    def block_launches(self, kb, work_group_size, beta):
+    def items_block_launches(self, kb, work_group_size, beta):
         wg = work_group_size
         return [self.step("csr_scalar_block", *launch_rows(self.shape[0], wg, wg),
                           n_rows=self.shape[0])]

@@ -28,7 +28,14 @@ from ..codegen import PRODUCT_ARGS, KernelSpec, matrix
 from ..errors import InvalidParameterError
 from . import params as P
 from .base import BLOCK_WIDTHS, csr_bytes, launch_rows, pow2_floor
-from .csr_common import CSR_ARRAYS, CSR_ROW_ARGS, CSR_ROW_BLOCK_ARGS, CSRFormatBase
+from .csr_common import (
+    BLOCK_MAPPING,
+    CSR_ARRAYS,
+    CSR_ROW_ARGS,
+    CSR_ROW_BLOCK_ARGS,
+    CSRFormatBase,
+    default_block_mapping,
+)
 from .registry import register
 
 VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
@@ -91,6 +98,7 @@ class CSRVector(CSRFormatBase):
         P.Param("mapping", P.one_of(*MAPPINGS), "'rows' or CSR-Adaptive's row blocks"),
         P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
                 "entries each work-item reads per window (mapping='adaptive')"),
+        BLOCK_MAPPING,
     )
 
     # Block kernels for mapping="rows" (the adaptive mapping multiplies column by column).
@@ -114,7 +122,8 @@ class CSRVector(CSRFormatBase):
         # Barriers are cheap on GPUs (tree) and costly on CPUs (one barrier, serial sum).
         reduction = "serial" if profile.is_cpu else "tree"
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction,
-                "mapping": "rows", "items_per_thread": None}
+                "mapping": "rows", "items_per_thread": None,
+                "block_mapping": default_block_mapping(profile)}
 
     @staticmethod
     def _adaptive_defaults(rows, profile):
@@ -263,17 +272,19 @@ class CSRVector(CSRFormatBase):
             return []
         return [self.step("csr_vector", self.n_blocks * wg, wg)]
 
-    # -- block kernels (mapping="rows") --------------------------------------------------
+    # -- block kernels (block_mapping="items" needs mapping="rows"; "lanes": any) ------
     def supported_block_widths(self):
-        return () if self._adaptive else super().supported_block_widths()
+        if self._adaptive and not self._lanes:
+            return ()
+        return super().supported_block_widths()
 
-    def block_kernel_specs(self, kb):
+    def items_block_kernel_specs(self, kb):
         return [KernelSpec("csr_vector_block", CSR_ROW_BLOCK_ARGS, fixed_group=True)]
 
-    def block_local_bytes(self, kb, work_group_size):
+    def items_block_local_bytes(self, kb, work_group_size):
         return work_group_size * kb * self.dtype.itemsize
 
-    def block_launches(self, kb, work_group_size, beta):
+    def items_block_launches(self, kb, work_group_size, beta):
         wg = work_group_size
         return [self.step("csr_vector_block", *launch_rows(
             self.shape[0], wg // self.params["vector_size"], wg), n_rows=self.shape[0])]
