@@ -141,8 +141,10 @@ def bench_matrix(name, A64, args, device, rng):
 def bench_format(A, fmt, case, peer, sync, args, device):
     """One format's row: setups, then every product timed, interleaved with cuSPARSE."""
     m, n = A.shape
+    fmt, _, spec = fmt.partition(":")   # "sell" or "csr-vector:block_mapping=items"
+    params = dict(item.split("=", 1) for item in spec.split(",") if item)
     t0 = time.perf_counter()
-    op = psc.SpMV(A, device=device, format=fmt)
+    op = psc.SpMV(A, device=device, format=fmt, **params)
     q = op.queue
     xd, yd = cla.to_device(q, case["x"]), cla.empty(q, m, op.dtype)
     op.matvec(xd, out=yd)
@@ -166,7 +168,8 @@ def bench_format(A, fmt, case, peer, sync, args, device):
     for _ in range(args.rounds):
         for key, (fn, _, wait) in contenders.items():
             times[key].append(timer(fn, wait))
-    row = {"format": op.format, "params": op.params, "setup_s": setup,
+    row = {"format": op.format + (f":{spec}" if spec else ""), "params": op.params,
+           "setup_s": setup,
            "transpose_setup_s": tsetup, "transposed_format": op.transposed.format,
            "block_kernels": bool(op.has_block_kernels),
            "results": {key: get() for key, (_, get, _) in contenders.items()}}
@@ -180,7 +183,7 @@ def summary_line(row, ks):
     def us(v):
         return f"{v * 1e6:8.1f}"
 
-    parts = [f"{row['matrix']:>22} {row['dtype']:>10} {row['format']:>10}"]
+    parts = [f"{row['matrix']:>22} {row['dtype']:>10} {row['format']:>16}"]
     for key in ["Ax", "ATx"] + [f"AX{k}" for k in ks]:
         ours = row[key]["s"]
         cus = [row[c]["s"] for c in (f"cusparse {key}", f"cusparse {key}C", f"cusparse {key}F")
@@ -203,7 +206,9 @@ def main(argv=None):
                     "directory, or generator specs such as poisson2d:300)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtypes", default="float32,float64,complex128")
-    ap.add_argument("--formats", default="sell,csr-vector")
+    ap.add_argument("--formats", default="sell,csr-vector",
+                    help="comma-separated; parameters after a colon, joined by '+': "
+                    "csr-vector:block_mapping=items")
     ap.add_argument("--ks", default="8,32")
     ap.add_argument("--replicate-to", type=float, default=0)
     ap.add_argument("--calls", type=int, default=20)
@@ -212,7 +217,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dtypes = args.dtypes.split(",")
-    args.formats = args.formats.split(",")
+    args.formats = [f.replace("+", ",") for f in args.formats.split(",")]
     args.ks = [int(k) for k in args.ks.split(",") if k]
     device = psc.get_device(args.device)
     rng = np.random.default_rng(args.seed)
@@ -225,10 +230,10 @@ def main(argv=None):
             copies = int(np.ceil(args.replicate_to / A.nnz))
             A, name = block_diagonal(A, copies), f"{name} x{copies}"
         rows += bench_matrix(name, A, args, device, rng)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": str(device), "argv": sys.argv, "rows": rows}, f, indent=1,
-                      default=str)
+        if args.json:   # after each matrix: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"device": str(device), "argv": sys.argv, "rows": rows}, f,
+                          indent=1, default=str)
 
 
 if __name__ == "__main__":
