@@ -120,7 +120,8 @@ class TransposedCopy:
         if fmt == "auto":
             self.operator = make(triple, "auto", tune=request["tune"],
                                  expected_calls=request["expected_calls"],
-                                 tune_budget=request["tune_budget"], **common,
+                                 tune_budget=request["tune_budget"],
+                                 block_size=request.get("block_size"), **common,
                                  **request["params"])
             why = f"format='auto' for A^T: {self.operator.explanation}"
         else:

@@ -73,6 +73,12 @@ class SpMV:
     tune_budget : float, optional
         Seconds the measurement may take, building included (default 1.5 s per million
         non-zeros, at least 1 s; ``PYSPMV_CL_TUNE_BUDGET`` sets the per-million rate).
+    block_size : int, optional
+        With ``format="auto"``: the vectors per product the caller will multiply
+        (``op @ X`` with X of shape (n, k)); default 1.  Above 1, candidates are timed
+        on products of that many vectors (block kernels, or one product per vector for
+        formats without them), and the decision is stored apart for its class of k
+        (1, 2-4, 5-8, 9-16, 17+; ``op.tuning.block_size`` says which k).
     **params
         Format parameters (e.g. ``vector_size=8``, ``work_group_size=128``,
         ``index_bits=64``); unknown names are refused.
@@ -97,10 +103,11 @@ class SpMV:
     """
 
     def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
-                 expected_calls=None, tune_budget=None, **params):
+                 expected_calls=None, tune_budget=None, block_size=None, **params):
         # The caller's request, for the transposed copy's format (adjoint.py).
         self._request = {"format": format, "params": dict(params), "tune": tune,
-                         "expected_calls": expected_calls, "tune_budget": tune_budget}
+                         "expected_calls": expected_calls, "tune_budget": tune_budget,
+                         "block_size": block_size}
         on_device = is_device_triple(A)
         if on_device and device is None and A[0].queue is not None:
             device = A[0].queue   # the arrays' own queue, not the default device
@@ -115,15 +122,17 @@ class SpMV:
         impl = None
         if format == "auto":
             self.tuning = select(csr, features, self.device, self.dtype, params, tune=tune,
-                                 expected_calls=expected_calls, budget=tune_budget)
+                                 expected_calls=expected_calls, budget=tune_budget,
+                                 block_size=block_size)
             format, impl = self.tuning.format, self.tuning.impl
             params = {**params, **self.tuning.params}
             self.explanation = self.tuning.explanation
             self.tuning.impl = None  # the operator owns it now
         else:
-            if tune is not None or expected_calls is not None or tune_budget is not None:
-                raise InvalidInputError("tune, expected_calls and tune_budget apply to "
-                                 "format='auto' only")
+            if tune is not None or expected_calls is not None or tune_budget is not None \
+                    or block_size is not None:
+                raise InvalidInputError("tune, expected_calls, tune_budget and block_size "
+                                        "apply to format='auto' only")
             self.explanation = "format chosen by the caller"
         fmt_cls = get_format(format)
         if impl is not None:  # built and timed by the tuner: keep it

@@ -296,3 +296,81 @@ def test_sell_candidates_offer_more_threads_per_row_on_gpus():
     assert candidates(5.0) == [{}]
     cpu = DEVICES[0].profile.replace(device_type="cpu")
     assert candidates(30.0, cpu) == [{}]
+
+
+# -- products of several vectors (block_size) ---------------------------------------------
+
+def _block_matrix():
+    return generators.random_uniform(2500, 2500, 8, seed=31)
+
+
+def test_block_size_times_block_products_and_is_stored_apart(monkeypatch):
+    """block_size=k: candidates are timed on products of k vectors (the block kernels
+    where a format has them); the decision is stored under k's class: found again for
+    another k of the class, never for k = 1 (nor a k = 1 decision for k = 16)."""
+    from pyspmv_cl.formats.base import SpMVFormat
+
+    device = DEVICES[0]
+    A = _block_matrix()
+    widths = []
+    original = SpMVFormat.enqueue_block
+
+    def counting(self, queue, x_buf, y_buf, k, *args, **kwargs):
+        widths.append(k)
+        return original(self, queue, x_buf, y_buf, k, *args, **kwargs)
+
+    monkeypatch.setattr(SpMVFormat, "enqueue_block", counting)
+    op16 = psc.SpMV(A, device=device, tune=True, block_size=16, tune_budget=2.0)
+    assert op16.tuning.source == "measured" and op16.tuning.block_size == 16
+    assert op16.tuning.entry["block_size"] == 16
+    assert widths and set(widths) == {16}
+    assert "product of 16 vectors" in op16.explanation
+    X = np.random.default_rng(1).standard_normal((2500, 16))
+    assert_close(op16 @ X, reference(A, X), A, X, np.float64)
+
+    widths.clear()
+    again = psc.SpMV(A, device=device, tune=True, block_size=12)   # class 9-16
+    assert again.tuning.source == "database" and again.format == op16.format
+    one = psc.SpMV(A, device=device, tune=True, tune_budget=1.0)   # k = 1: measured
+    assert one.tuning.source == "measured" and one.tuning.block_size == 1
+    assert not widths                                               # single products
+    assert psc.SpMV(A, device=device, tune=True).tuning.source == "database"
+    four = psc.SpMV(A, device=device, tune=True, block_size=3, tune_budget=1.0)
+    assert four.tuning.source == "measured"                         # class 2-4: its own
+
+
+def test_block_size_ranks_formats_without_block_kernels_lower():
+    from pyspmv_cl.tuning.heuristics import choose_format
+
+    device = DEVICES[0]
+    A = _block_matrix()
+    f = features(A)
+    rule, _ = choose_format(f.with_diagonals(A), device.profile, np.float64)
+    single, _ = tuner.rank_candidates(f, device.profile, np.float64, FORMATS, None, csr=A)
+    block, _ = tuner.rank_candidates(f, device.profile, np.float64, FORMATS, None, csr=A,
+                                     block_size=32)
+    def position(order, name):
+        return [n for n, _ in order].index(name)
+    blockless = [n for n, _ in single if not FORMATS[n].block_widths]
+    with_blocks = [n for n, _ in single if FORMATS[n].block_widths]
+    assert blockless and with_blocks
+    # Every format with block kernels moves ahead of every one without them.
+    assert max(position(block, n) for n in with_blocks) < \
+        min(position(block, n) for n in blockless)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
+def test_block_size_refused_clearly(bad):
+    A = _block_matrix()
+    with pytest.raises(psc.InvalidParameterError, match="block_size"):
+        psc.SpMV(A, device=DEVICES[0], block_size=bad)
+
+
+def test_block_size_applies_to_auto_only():
+    with pytest.raises(psc.InvalidInputError, match="block_size"):
+        psc.SpMV(_block_matrix(), "csr-scalar", device=DEVICES[0], block_size=8)
+
+
+def test_block_classes():
+    assert [tuner.block_class(k) for k in (1, 2, 4, 5, 8, 9, 16, 17, 64, 1000)] == \
+        [1, 4, 4, 8, 8, 16, 16, 32, 32, 32]

@@ -74,6 +74,29 @@ class Decision:
     tuning_seconds: float = 0.0
     entry: dict = None
     online: object = None     # the OnlineTuning of source "online" (tuning/online.py)
+    block_size: int = 1       # the vectors per product the choice was made for
+
+
+#: Block sizes tuned alike: a decision made for k vectors per product serves every k of
+#: its class (the upper bounds; above the last, one class).
+BLOCK_CLASSES = (1, 4, 8, 16, 32)
+
+
+def block_class(k: int) -> int:
+    """The class of ``k`` vectors per product (1, 4, 8, 16, 32: 2-4 -> 4, 17+ -> 32)."""
+    return next((c for c in BLOCK_CLASSES if k <= c), BLOCK_CLASSES[-1])
+
+
+def check_block_size(block_size) -> int:
+    """``block_size`` as an int >= 1 (None: 1), or a clear error."""
+    if block_size is None:
+        return 1
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or block_size < 1:
+        raise InvalidParameterError(
+            f"block_size must be a positive integer (the vectors per product), not "
+            f"{block_size!r}")
+    return int(block_size)
 
 
 def policy(tune):
@@ -107,8 +130,10 @@ def _us(seconds):
 
 # -- cheap models -----------------------------------------------------------------------
 
-def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
-    """([(format, params)] in the order to time them, [(format, why skipped)])."""
+def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_size=1):
+    """([(format, params)] in the order to time them, [(format, why skipped)]).  For
+    products of ``block_size`` > 1 vectors, a format without block kernels reads the
+    matrix once per vector: its estimate is multiplied by the count."""
     ranked, skipped = [], []
     for name, cls in registry.items():
         if np.dtype(dtype).kind == "c" and not cls.complex_values:
@@ -126,6 +151,8 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None):
         if cost is None:
             skipped.append((name, why))
             continue
+        if block_size > 1 and not cls.block_widths:
+            cost *= block_size
         ranked.append((0 if name == rule_choice else 1, cost, name, params_list))
     ranked.sort(key=lambda r: (r[0], r[1]))
     return [(name, params_list) for _, _, name, params_list in ranked], skipped
@@ -141,8 +168,9 @@ class _Bench:
     checks candidates against the format the operator already runs, which saves a
     float64 pass over the matrix on the host (0.2-0.3 s at 20M non-zeros)."""
 
-    def __init__(self, csr, device, dtype, queue=None):
+    def __init__(self, csr, device, dtype, queue=None, block_size=1):
         self.queue = queue or device.profiling_queue
+        self.block_size = block_size
         self.dtype = np.dtype(dtype)
         m, n = csr.shape
         rng = np.random.default_rng(0)
@@ -155,6 +183,13 @@ class _Bench:
                                if n else np.zeros(1, self.dtype))
         self.y_buf = cl.Buffer(device.context, mf.READ_WRITE, max(1, m) * self.dtype.itemsize)
         self.m = m
+        if block_size > 1:   # row-major blocks of k vectors, as products of blocks take
+            k = block_size
+            X = np.repeat(np.asarray(self.x, dtype=self.dtype)[:, None], k, axis=1)
+            self.X_buf = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                   hostbuf=X if X.size else np.zeros(1, self.dtype))
+            self.Y_buf = cl.Buffer(device.context, mf.READ_WRITE,
+                                   max(1, m * k) * self.dtype.itemsize)
 
     def _scipy_reference(self):
         A64 = self.csr.astype(np.complex128 if self.dtype.kind == "c" else np.float64)
@@ -176,8 +211,17 @@ class _Bench:
         return y
 
     def launch_seconds(self, impl):
-        return launches_seconds(
-            lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
+        """One product: of a vector, or of ``block_size`` vectors (the block kernels;
+        without them one product per vector, as the operator's column loop)."""
+        k = self.block_size
+        if k == 1:
+            return launches_seconds(
+                lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
+        if impl.has_block_kernels:
+            return launches_seconds(lambda: impl.enqueue_block(
+                self.queue, self.X_buf, self.Y_buf, k, k, k, 1.0, 0.0))
+        return launches_seconds(lambda: [impl.enqueue(self.queue, self.x_buf, self.y_buf,
+                                                      1.0, 0.0) for _ in range(k)])
 
     def error(self, impl):
         """Relative error of this candidate's product (inf for NaN)."""
@@ -221,7 +265,8 @@ def _score(c, expected_calls):
 
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             expected_calls=None, registry=None, progress=None, should_stop=None,
-            queue=None, max_formats=None, alternatives=True, include=(), offer=None):
+            queue=None, max_formats=None, alternatives=True, include=(), offer=None,
+            block_size=1):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step;
@@ -237,7 +282,9 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     measurement never touches it again: it keeps its first-pass time and is not among
     the re-timed finalists.  Candidates that convert on the device are then timed
     first, so that a gain comes early, and every candidate is checked against the first
-    included one's product (the format the caller runs) instead of scipy's."""
+    included one's product (the format the caller runs) instead of scipy's.
+
+    ``block_size`` > 1 times products of that many vectors (see ``_Bench``)."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -256,7 +303,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     budget = default_budget(features.nnz) if budget is None else float(budget)
     rule_choice, _ = choose_format(features, profile, dtype)
     order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
-                                     csr=csr)
+                                     csr=csr, block_size=block_size)
     first = [(name, p[0]) for name, p in order[:max_formats]]
     included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
@@ -266,7 +313,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         first.sort(key=lambda c: not registry[c[0]].converts_on_device)
     first = include + [c for c in first if c not in include]
     step("ranked")
-    bench = _Bench(csr, device, dtype, queue)
+    bench = _Bench(csr, device, dtype, queue, block_size)
     start = time.perf_counter()
     results = []
     finalists = []   # [(score, rec, impl, samples)], the best few so far
@@ -379,7 +426,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
              "device": profile.name, "dtype": np.dtype(dtype).name,
              "row_length_histogram": row_length_histogram(np.diff(csr.indptr)),
              "bandwidth": bandwidth(csr), "diagonals": features.diagonals,
-             "steps": steps}
+             "steps": steps, "block_size": block_size}
     if not results:
         return entry, None, None
     # The same rule as a later lookup (_pick).
@@ -401,8 +448,10 @@ def _describe(entry, chosen, expected_calls, how):
             parts.append(text)
         return ", ".join(parts)
 
-    objective = (f"kernel time x {expected_calls} calls + conversion" if expected_calls
-                 else "kernel time")
+    k = entry.get("block_size", 1)
+    product = f"product of {k} vectors" if k > 1 else "kernel time"
+    objective = (f"{product} x {expected_calls} calls + conversion" if expected_calls
+                 else product)
     finalists = [c for c in cands if c.get("confirmed")]
     if finalists:   # their times are the re-timed ones: list them apart
         others = [c for c in cands if not c.get("confirmed")]
@@ -434,8 +483,19 @@ def _pick(entry, expected_calls, registry):
 
 
 def select(csr, features, device, dtype, user_params=None, *, tune=None, expected_calls=None,
-           budget=None, progress=None):
-    """The :class:`Decision` for ``format="auto"`` (see the module docstring)."""
+           budget=None, progress=None, block_size=None):
+    """The :class:`Decision` for ``format="auto"`` (see the module docstring).
+    ``block_size``: the vectors per product the caller will multiply (1 by default);
+    above 1 the candidates are timed on blocks, and the decision is stored apart, per
+    ``block_class``."""
+    decision = _select(csr, features, device, dtype, user_params, tune, expected_calls,
+                       budget, progress, check_block_size(block_size))
+    decision.block_size = check_block_size(block_size)
+    return decision
+
+
+def _select(csr, features, device, dtype, user_params, tune, expected_calls, budget,
+            progress, block_size):
     mode = policy(tune)
     if expected_calls is not None:
         if isinstance(expected_calls, bool) or not isinstance(expected_calls, (int, np.integer)) \
@@ -462,6 +522,8 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
     cheap = shape_fingerprint(features)
     if user_params:
         cheap["user_params"] = {k: str(v) for k, v in sorted(user_params.items())}
+    if block_size > 1:   # (k = 1 keeps the keys stored before block sizes existed)
+        cheap["block_class"] = block_class(block_size)
     dtype_name = np.dtype(dtype).name
 
     def identify(matrix):
@@ -508,12 +570,13 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
             mode = "online"
     if mode == "online":
         return _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
-                                time.perf_counter() - t0, identify)
+                                time.perf_counter() - t0, identify, block_size)
 
     if key is None:
         key, fp = identify(csr)
     entry, impl, chosen = measure(csr, features, device, dtype, user_params, budget=budget,
-                                  expected_calls=expected_calls, progress=progress)
+                                  expected_calls=expected_calls, progress=progress,
+                                  block_size=block_size)
     if chosen is None:   # nothing could be measured: the rules, and nothing stored
         rule_format, rule_why = rules()
         return Decision(rule_format, {}, "rules (no candidate could be measured: "
@@ -584,7 +647,7 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
 
 
 def _online_decision(csr, features, device, dtype, user_params, key, fp, budget, spent,
-                     identify):
+                     identify, block_size=1):
     """Start on a CSR kernel and measure in the background (tuning/online.py)."""
     profile = device.profile
     budget = online.online_budget(features.nnz) if budget is None else float(budget)
@@ -601,7 +664,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                       should_stop=should_stop, queue=queue,
                                       max_formats=online.ONLINE_MAX_FORMATS,
                                       alternatives=False, include=[start],
-                                      offer=offer)
+                                      offer=offer, block_size=block_size)
         queue.finish()
         if chosen is None:
             raise RuntimeError(f"no candidate could be measured: {_skipped_text(entry)}")
