@@ -37,7 +37,14 @@ typedef ${col_t} col_t;
 % if strategy == 2:
 #define RC ${cache_rows}
 % endif
+% if is_complex:
+## A complex entry is stored when either part has a bit set (a stored zero's real
+## part is -0.0).
+#define STORED(v) (${"as_ulong" if is_double else "as_uint"}((v).x) != 0 || \
+                   ${"as_ulong" if is_double else "as_uint"}((v).y) != 0)
+% else:
 #define STORED(v) (${"as_ulong" if is_double else "as_uint"}(v) != 0)
+% endif
 
 % if transpose:
 #define BPOS(i) (tile_base + (pos_t)(i) * WG + lid)
@@ -124,7 +131,7 @@ ${unroll()}
             {
                 const real_t v = values[${jr} * value_stride + p * W + ${jc}];
                 if (STORED(v))
-                    sum[${jr}] += v * x[xb + ${jc}];
+                    sum[${jr}] += MUL(v, x[xb + ${jc}]);
             }
 % endfor
 % endfor

@@ -89,7 +89,7 @@ ${c.store_y("row", "sum")}
             sum = 0;
             seg++;
         }
-        sum += values[base + ${offset}] * x[col_idx[base + ${offset}]];
+        sum += MUL(values[base + ${offset}], x[col_idx[base + ${offset}]]);
 </%def>
 
 ${signature("csr5_compute")}
@@ -234,7 +234,7 @@ ${signature("csr5_calibrate")}
             if (n_full_tiles < n_tiles && FIRST_ROW(tile_ptr[n_full_tiles]) == row0) {
                 const index_t end = row_ptr[row0 + 1];
                 for (index_t j = n_full_tiles * TILE_SIZE; j < end; j++)
-                    sum += values[j] * x[col_idx[j]];
+                    sum += MUL(values[j], x[col_idx[j]]);
             }
 ${c.store_y("row0", "sum")}
         }
@@ -243,7 +243,7 @@ ${c.store_y("row0", "sum")}
         real_t sum = 0;
         const index_t end = row_ptr[r + 1];
         for (index_t j = row_ptr[r]; j < end; j++)
-            sum += values[j] * x[col_idx[j]];
+            sum += MUL(values[j], x[col_idx[j]]);
 ${c.store_y("r", "sum")}
     } else if (g < n_tiles + n_tail_rows + n_empty_rows) {
         // One work-item per empty row before the tail rows: tiles may span runs of

@@ -73,6 +73,7 @@ def _slice_stride(n_rows, block_height):
 @register
 class BCCOO(SpMVFormat):
     name = "bccoo"
+    complex_values = True
     order = 10
     template = "bccoo.mako"
     params = (

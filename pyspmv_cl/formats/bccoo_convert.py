@@ -141,7 +141,8 @@ def build_blocks(csr, h, w, slices=1, dtype=np.float64):
     size = h * n_blocks * w
     values = np.zeros(size, dtype=dtype)
     values[flat] = csr.data
-    values[flat[values[flat] == 0]] = -0.0   # stored zero: multiplied (marker)
+    values[flat[values[flat] == 0]] = -0.0   # stored zero: multiplied (marker; for
+    # complex values the real part's sign bit)
     return Blocks(h, w, slices, n_block_rows, n_block_cols,
                   (sorted_keys % stride) // copies, stops,
                   values.reshape(h, n_blocks, w))

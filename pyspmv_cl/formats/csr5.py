@@ -210,6 +210,7 @@ def untranspose_tiles(a, omega, sigma):
 @register
 class CSR5(SpMVFormat):
     name = "csr5"
+    complex_values = True
     order = 9
     template = "csr5.mako"
     params = (
