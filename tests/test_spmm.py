@@ -140,12 +140,27 @@ def test_dtypes(device, fmt, dtype):
         check(Yd.get(), A, X, np.float32, 2.0, 1.0, Y0)   # out's precision is float32
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.complex64, np.complex128])
-@pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector"])
-def test_lanes_kernel(device, fmt, dtype):
-    """block_mapping="lanes": k up to 32 in one launch of the lanes kernel (33 and 40
-    in two), complex values included; rows of 0, 1 and 5000 entries, a row count that
-    is no multiple of a group's rows; poisoned outputs, alpha/beta, device arrays."""
+# The lanes kernels (formats/lanes.py): the CSR formats' with block_mapping="lanes" (the
+# GPU default), ell's and sell's for complex values.
+LANES_CASES = [
+    *[("csr-scalar", {"block_mapping": "lanes"}, "csr_lanes_block", d)
+      for d in (np.float32, np.complex64, np.complex128)],
+    *[("csr-vector", {"block_mapping": "lanes"}, "csr_lanes_block", d)
+      for d in (np.float32, np.complex64, np.complex128)],
+    *[("ell", {"max_padding": float("inf")}, "ell_lanes_block", d)
+      for d in (np.complex64, np.complex128)],
+    ("sell", {}, "sell_lanes_block", np.complex64),
+    ("sell", {"mapping": "slices", "slice_height": 8, "sigma": 64}, "sell_lanes_block",
+     np.complex128),
+]
+
+
+@pytest.mark.parametrize("fmt, params, kernel, dtype", LANES_CASES,
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_lanes_kernel(device, fmt, params, kernel, dtype):
+    """The lanes kernels: k up to 32 in one launch (33 and 40 in two), complex values
+    included; rows of 0, 1 and 5000 entries, a row count that is no multiple of a
+    group's rows; poisoned outputs, alpha/beta, device arrays."""
     from pyspmv_cl.launching import record_launches
 
     if np.dtype(dtype) == np.complex128:
@@ -161,8 +176,8 @@ def test_lanes_kernel(device, fmt, dtype):
     if np.dtype(dtype).kind == "c":
         A = A + 1j * A.multiply(rng.standard_normal(A.shape))
     A = sp.csr_matrix(A)
-    op = psc.SpMV(A, fmt, dtype=dtype, device=device, block_mapping="lanes")
-    assert op.has_block_kernels and op.params["block_mapping"] == "lanes"
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    assert op.has_block_kernels
 
     def block(k, rows=n):
         X = rng.standard_normal((rows, k))
@@ -193,7 +208,7 @@ def test_lanes_kernel(device, fmt, dtype):
         with record_launches(with_names=True) as events:
             op.matmat(Xd, out=Yd, alpha=1.5)
         if launches is not None:
-            assert [name for name, _ in events] == ["csr_lanes_block"] * launches, k
+            assert [name for name, _ in events] == [kernel] * launches, k
         check(Yd.get(), X, 1.5)
         Y0 = block(k, m).astype(dtype)
         alpha, beta = (0.5 - 1j, 2.0 + 0.5j) if np.dtype(dtype).kind == "c" else (0.5, 2.0)

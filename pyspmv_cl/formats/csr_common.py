@@ -1,9 +1,10 @@
 """The CSR arrays and kernel arguments shared by the CSR kernels (row_ptr, col_idx,
 values)."""
 
-from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, KernelSpec, matrix, scalar
+from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from . import params as P
-from .base import SpMVFormat, pow2_floor
+from .base import SpMVFormat
+from .lanes import LanesBlocks
 
 #: row_ptr, col_idx, values as the CSR kernels declare them.
 CSR_ARRAYS = (matrix("row_ptr", "index_t"), matrix("col_idx", "index_t"),
@@ -22,16 +23,13 @@ BLOCK_MAPPINGS = ("items", "lanes")
 BLOCK_MAPPING = P.Param("block_mapping", P.one_of(*BLOCK_MAPPINGS),
                         "block products: 'items' (k sums per work-item) or 'lanes' (a "
                         "work-item per vector of a row)")
-#: The lanes kernel's widths (k per launch) and its work-group size.
-LANES_WIDTHS = (1, 2, 4, 8, 16, 32)
-LANES_GROUP = 128
 
 
 def default_block_mapping(profile) -> str:
     return "lanes" if profile.is_gpu else "items"
 
 
-class CSRFormatBase(SpMVFormat):
+class CSRFormatBase(LanesBlocks, SpMVFormat):
     """Uploads CSR as it is: row_ptr, col_idx, values (indices in the chosen type); a
     matrix already on the device is copied and cast there.  Block products run the
     subclass's own block kernel (``block_mapping="items"``) or the lanes kernel shared
@@ -40,54 +38,16 @@ class CSRFormatBase(SpMVFormat):
     converts_on_device = True
     host_conversion_is_cast = True
 
-    # -- block products: the lanes kernel -----------------------------------------------
+    # -- block products: the lanes kernel (formats/lanes.py) when block_mapping="lanes"
+    lanes_template = "csr_lanes_block.mako"
+    lanes_kernel = "csr_lanes_block"
+
     @property
     def _lanes(self) -> bool:
         return self.params.get("block_mapping") == "lanes"
 
-    def _lanes_group(self) -> int:
-        return min(LANES_GROUP, pow2_floor(self.profile.max_work_group_size))
-
-    def supported_block_widths(self):
-        if self._lanes:
-            return tuple(kb for kb in LANES_WIDTHS if kb <= self._lanes_group())
-        return super().supported_block_widths()
-
-    @property
-    def has_block_kernels(self) -> bool:
-        # The lanes kernel keeps one real_t sum per work-item: complex values too.
-        if self._lanes:
-            return 1 in self.supported_block_widths()
-        return super().has_block_kernels
-
-    def block_template_for(self, kb):
-        return "csr_lanes_block.mako" if self._lanes else self.block_template
-
-    def block_kernel_specs(self, kb):
-        if self._lanes:
-            return [KernelSpec("csr_lanes_block", CSR_ROW_BLOCK_ARGS, fixed_group=True,
-                               group_size=self._lanes_group())]
-        return self.items_block_kernel_specs(kb)
-
-    def block_local_bytes(self, kb, work_group_size):
-        return 0 if self._lanes else self.items_block_local_bytes(kb, work_group_size)
-
-    def block_launches(self, kb, work_group_size, beta):
-        if self._lanes:
-            group = self._lanes_group()
-            groups = max(1, -(-self.shape[0] * kb // group))
-            return [self.step("csr_lanes_block", groups * group, group,
-                              n_rows=self.shape[0])]
-        return self.items_block_launches(kb, work_group_size, beta)
-
-    def items_block_kernel_specs(self, kb):
-        raise NotImplementedError
-
-    def items_block_local_bytes(self, kb, work_group_size):
-        return 0
-
-    def items_block_launches(self, kb, work_group_size, beta):
-        raise NotImplementedError
+    def lanes_matrix_args(self):
+        return (scalar("n_rows", "long"), *CSR_ARRAYS)
 
     def convert(self, csr):
         return {

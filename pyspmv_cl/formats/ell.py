@@ -55,6 +55,7 @@ from .base import (
     pow2_floor,
     row_per_item_work_group_size,
 )
+from .lanes import LanesBlocks
 from .registry import register
 
 DEFAULT_MAX_PADDING = 20.0
@@ -156,7 +157,7 @@ def validate_max_padding(name, value):
 
 
 @register
-class ELL(SpMVFormat):
+class ELL(LanesBlocks, SpMVFormat):
     name = "ell"
     complex_values = True
     order = 4
@@ -214,10 +215,24 @@ class ELL(SpMVFormat):
         return [self.step("ell", *launch_rows(self.shape[0], wg, wg), n_rows=self.shape[0],
                           stride=self.stride, width=self.width)]
 
-    def block_kernel_specs(self, kb):
+    # -- block kernels: ell_block.mako (real), the lanes kernel (complex) ---------------
+    lanes_template = "ell_lanes_block.mako"
+    lanes_kernel = "ell_lanes_block"
+
+    @property
+    def _lanes(self):
+        return self.dtype.kind == "c"
+
+    def lanes_matrix_args(self):
+        return ELL_KERNEL.args[:5]
+
+    def lanes_values(self):
+        return {"n_rows": self.shape[0], "stride": self.stride, "width": self.width}
+
+    def items_block_kernel_specs(self, kb):
         return [ELL_BLOCK_KERNEL]
 
-    def block_launches(self, kb, work_group_size, beta):
+    def items_block_launches(self, kb, work_group_size, beta):
         wg = work_group_size
         return [self.step("ell_block", *launch_rows(self.shape[0], wg, wg),
                           n_rows=self.shape[0], stride=self.stride, width=self.width)]

@@ -36,6 +36,7 @@ from .base import (
     round_up,
     skewed_rows,
 )
+from .lanes import LanesBlocks
 from .registry import register
 
 SLICE_HEIGHTS = (1, 2, 4, 8, 16, 32, 64)
@@ -137,7 +138,7 @@ MAX_DEFAULT_GROUP = 256
 
 
 @register
-class SELL(SpMVFormat):
+class SELL(LanesBlocks, SpMVFormat):
     name = "sell"
     complex_values = True
     order = 6
@@ -384,18 +385,31 @@ class SELL(SpMVFormat):
         self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
 
-    # -- block kernels (both mappings) -----------------------------------------------------
-    def block_kernel_specs(self, kb):
+    # -- block kernels: sell_block.mako (real, both mappings), lanes (complex) -----------
+    lanes_template = "sell_lanes_block.mako"
+    lanes_kernel = "sell_lanes_block"
+
+    @property
+    def _lanes(self):
+        return self.dtype.kind == "c"
+
+    def lanes_matrix_args(self):
+        return self._matrix_args()
+
+    def lanes_values(self):
+        return {"n_rows": self.shape[0], "n_slices": self.n_slices}
+
+    def items_block_kernel_specs(self, kb):
         return [KernelSpec("sell_block", (*self._matrix_args(), *BLOCK_ARGS),
                            fixed_group=True)]
 
     def block_template_params(self, kb):
         return {**self.template_params(), "device_conversion": False, "block_width": kb}
 
-    def block_local_bytes(self, kb, work_group_size):
+    def items_block_local_bytes(self, kb, work_group_size):
         return kb * self.local_bytes(work_group_size)
 
-    def block_launches(self, kb, work_group_size, beta):
+    def items_block_launches(self, kb, work_group_size, beta):
         return self.launches(beta, work_group_size, "sell_block")
 
     # -- launching ---------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""The "lanes" block kernels, one design for the formats that have them: k consecutive
+work-items share a row, one per vector of the block, so that every entry of the row is
+read once (a broadcast to the k lanes) and the k entries of X's row it multiplies are
+read side by side (coalesced on GPUs).  The sums are ``real_t``: complex values work.
+
+A format mixes ``LanesBlocks`` in, says when the lanes kernel is used (``_lanes``), names
+its template (``lanes_template``, kernel ``lanes_kernel``) and its matrix arguments
+(``lanes_matrix_args()``), and keeps its own block kernels under the ``items_`` names."""
+
+from ..codegen import BLOCK_ARGS, KernelSpec
+from .base import pow2_floor
+
+#: The lanes kernels' widths (k per launch) and work-group size.
+LANES_WIDTHS = (1, 2, 4, 8, 16, 32)
+LANES_GROUP = 128
+
+
+class LanesBlocks:
+    """Block-product hooks of ``SpMVFormat`` routed to the lanes kernel when ``_lanes``."""
+
+    lanes_template: str = None
+    lanes_kernel: str = None
+
+    @property
+    def _lanes(self) -> bool:
+        raise NotImplementedError
+
+    def lanes_matrix_args(self):
+        raise NotImplementedError
+
+    def lanes_values(self) -> dict:
+        """Scalar arguments of the lanes kernel besides the driver's (e.g. n_rows)."""
+        return {"n_rows": self.shape[0]}
+
+    def _lanes_group(self) -> int:
+        return min(LANES_GROUP, pow2_floor(self.profile.max_work_group_size))
+
+    def supported_block_widths(self):
+        if self._lanes:
+            return tuple(kb for kb in LANES_WIDTHS if kb <= self._lanes_group())
+        return super().supported_block_widths()
+
+    @property
+    def has_block_kernels(self) -> bool:
+        if self._lanes:   # one real_t sum per work-item: complex values too
+            return 1 in self.supported_block_widths()
+        return super().has_block_kernels
+
+    def block_template_for(self, kb):
+        return self.lanes_template if self._lanes else self.block_template
+
+    def block_kernel_specs(self, kb):
+        if self._lanes:
+            return [KernelSpec(self.lanes_kernel, (*self.lanes_matrix_args(), *BLOCK_ARGS),
+                               fixed_group=True, group_size=self._lanes_group())]
+        return self.items_block_kernel_specs(kb)
+
+    def block_local_bytes(self, kb, work_group_size):
+        return 0 if self._lanes else self.items_block_local_bytes(kb, work_group_size)
+
+    def block_launches(self, kb, work_group_size, beta):
+        if self._lanes:
+            group = self._lanes_group()
+            groups = max(1, -(-self.shape[0] * kb // group))
+            return [self.step(self.lanes_kernel, groups * group, group,
+                              **self.lanes_values())]
+        return self.items_block_launches(kb, work_group_size, beta)
+
+    def items_block_kernel_specs(self, kb):
+        raise NotImplementedError
+
+    def items_block_local_bytes(self, kb, work_group_size):
+        return 0
+
+    def items_block_launches(self, kb, work_group_size, beta):
+        raise NotImplementedError

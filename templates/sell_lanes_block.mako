@@ -1,0 +1,31 @@
+<%namespace name="c" file="common.mako"/>
+## SELL-C-sigma, KB vectors at once, lanes over k (formats/lanes.py; complex values):
+## KB consecutive work-items share a row (its slots lie C apart in its slice; padding
+## column -1 is skipped), lane j computing column j of the block, the result going to
+## row perm[row] of y.
+${c.preamble()}
+#define KB ${block_width}
+#define C ${slice_height}
+
+${signature("sell_lanes_block")}
+{
+    const long gid = get_global_id(0);
+    // KB is a power of two: shifts (Oclgrind cannot run the freeze of a / and %).
+    const long row = gid >> ${block_width.bit_length() - 1};
+    const long lane = gid & (KB - 1);
+    if (row < n_rows) {
+        const long slice = row / C;
+        const long r = row - slice * C;
+        __global const real_t *xl = x + x_col + lane;
+        real_t sum = (real_t)(0);
+        const index_t end = slice_ptr[slice + 1];
+        for (index_t k = slice_ptr[slice] + (index_t)r; k < end; k += C) {
+            const index_t col = col_idx[k];
+            if (col >= 0)
+                sum += MUL(values[k], xl[(long)col * ldx]);
+        }
+        const long out = ${"perm[row]" if has_perm else "row"};
+        __global real_t *yl = y + out * ldy + y_col + lane;
+        *yl = NONZERO(beta) ? MUL(alpha, sum) + MUL(beta, *yl) : MUL(alpha, sum);
+    }
+}
