@@ -221,8 +221,7 @@ def main(argv=None):
                         help="the sweep's variants run in the first one only")
     parser.add_argument("--device", default=None, help="pyspmv_cl device selection")
     parser.add_argument("--complex", action="store_true",
-                        help="also a complex64 pass of the complex-capable formats (not "
-                        "in test_oclgrind.py yet: Oclgrind 21.10 crashed (SIGSEGV) in it)")
+                        help="also a complex64 pass of the complex-capable formats")
     parser.add_argument("--quick", action="store_true",
                         help="each format's defaults, natively and under a GPU profile")
     args = parser.parse_args(argv)

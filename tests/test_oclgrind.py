@@ -76,6 +76,10 @@ def oclgrind_findings(stderr):
 def run_under_oclgrind(args, timeout=TIMEOUT_S):
     exe = oclgrind_or_skip()
     env = dict(os.environ, PYSPMV_CL_NO_CACHE="1")
+    # The checkout these tests sit in, not whichever pyspmv_cl the interpreter would
+    # find from tests/ (another worktree's editable install, say).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent),
+                                                      env.get("PYTHONPATH")]))
     env.pop("PYSPMV_CL_DEVICE", None)   # Oclgrind's device is the only one there
     start = time.perf_counter()
     proc = subprocess.run([exe, *OCLGRIND_FLAGS, sys.executable, *args], env=env,
