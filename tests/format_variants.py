@@ -117,6 +117,21 @@ VARIANTS = {
     ],
 }
 
+# Complex64 block-kernel variants for the Oclgrind complex pass (one per format with
+# block kernels, both of sell's mappings and both of csr-vector's reductions; the
+# defaults of csr-vector map rows adaptively, which has no block kernels).
+COMPLEX_BLOCK_VARIANTS = {
+    "csr-scalar": [{"work_group_size": 16}],
+    "csr-vector": [{"mapping": "rows", "vector_size": 4, "work_group_size": 16,
+                    "reduction": "tree"},
+                   {"mapping": "rows", "vector_size": 2, "work_group_size": 8,
+                    "reduction": "serial"}],
+    "ell": [{"max_padding": NO_LIMIT, "work_group_size": 16}],
+    "sell": [{"slice_height": 4, "sigma": 8, "mapping": "slices", "work_group_size": 8},
+             {"slice_height": 2, "sigma": 1, "mapping": "rows", "threads_per_row": 4,
+              "work_group_size": 16}],
+}
+
 
 def variants(name):
     """``(label, device_override, params, all_dtypes)`` for every variant of format
