@@ -5,7 +5,10 @@ against scipy in float64 with fresh random data and NaN-poisoned outputs.
 Formats with block kernels (csr-scalar, csr-vector's row mapping, ell, sell) read the
 matrix once per block of 16, 8, 4, 2 or 1 vectors; the others multiply column by
 column.  Block widths are built on first use, so the k values below use widths 1, 2, 4
-and 16 (3 = 2+1, 7 = 4+2+1, 33 = 16+16+1, 64 = 4x16)."""
+and 16 (3 = 2+1, 7 = 4+2+1, 33 = 16+16+1, 64 = 4x16).  Complex values (complex64,
+complex128, against scipy in complex128) go up to width 8: k = 1, 2, 3, 8, 17; their
+tests also prove from the launches that the block kernels run, and cover op.H, op.T
+and rmatmat on blocks."""
 
 import numpy as np
 import pyopencl.array as cla
