@@ -258,9 +258,10 @@ class SpMV:
 
         Formats with block kernels (``op.has_block_kernels``: csr-scalar, csr-vector
         with ``mapping="rows"``, ell, sell) read the matrix once per block of up to 16
-        vectors (``k`` is cut into blocks of 16, 8, 4, 2, 1), from a row-major ``n x
-        k`` copy of X on the device: a host ``X`` of any order, a view included, is
-        copied into one (and the result read back from a row-major ``m x k`` block);
+        vectors (``k`` is cut into blocks of 16, 8, 4, 2, 1; of 8 at most for complex
+        values), from a row-major ``n x k`` copy of X on the device: a host ``X`` of
+        any order, a view included, is copied into one (and the result read back from
+        a row-major ``m x k`` block);
         a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays, at
         any offset (others: ``UnsupportedLayoutError``).  Other formats multiply column
         by column (device arrays through a column copy on the device)."""
@@ -321,8 +322,9 @@ class SpMV:
             return self.build_transposed().matvec(x, out=out, alpha=alpha, beta=beta)
 
     def rmatmat(self, X, out=None, alpha=1.0, beta=0.0):
-        """``alpha * A^H @ X + beta * out`` for a 2-D ``X`` of shape ``(m, k)``, column by
-        column (see ``matmat`` and ``rmatvec``)."""
+        """``alpha * A^H @ X + beta * out`` for a 2-D ``X`` of shape ``(m, k)``: the
+        transposed copy's ``matmat`` (block kernels where its format has them; see
+        ``matmat`` and ``rmatvec``)."""
         check_block(X, "rmatmat")
         return self.rmatvec(X, out=out, alpha=alpha, beta=beta)
 

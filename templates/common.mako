@@ -18,7 +18,9 @@ static inline real_t cmul(const real_t a, const real_t b)
     return (real_t)(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
 }
 #define MUL(a, b) cmul((a), (b))
-#define NONZERO(a) ((a).x != 0 || (a).y != 0)
+// any() of the vector comparison: the same test as .x != 0 || .y != 0, which
+// Oclgrind 21.10's --uninitialized crashes on (SIGSEGV).
+#define NONZERO(a) any((a) != 0)
 #define CONJ(a) ((real_t)((a).x, -(a).y))
 % else:
 typedef ${real_t} part_t;
@@ -37,24 +39,62 @@ typedef ${real_t} part_t;
 </%def>
 ## Multi-vector (block) kernels: KB vectors at once, KB a compile-time constant.  Row i
 ## of the x block is x[i*ldx + x_col + 0..KB-1] (contiguous), of the y block
-## y[i*ldy + y_col + 0..KB-1]; a row's KB sums live in one realb_t (real_t, or the
-## OpenCL vector type real_tKB), loaded and stored with vloadKB/vstoreKB.
+## y[i*ldy + y_col + 0..KB-1]; a row's KB sums live in one realb_t, loaded and stored
+## with LOADB/STOREB from BLANES elements of type lane_t, and a value multiplies them
+## with MULB(value, sums):
+##  - real values: realb_t is real_t (KB = 1) or the OpenCL vector real_tKB, lane_t is
+##    real_t, BLANES = KB and MULB a plain `*`;
+##  - complex values, KB = 1: realb_t = lane_t = real_t (float2/double2), MULB = MUL;
+##  - complex values, KB > 1: realb_t is the vector part_t(2*KB) of the KB sums'
+##    parts in numpy's order (re0, im0, re1, im1, ...), lane_t = part_t, BLANES = 2*KB,
+##    and MULB multiplies by a complex scalar lane-wise: a.x*b + a.y*(-im0, re0, -im1,
+##    re1, ...).  OpenCL vectors stop at 16 lanes, so complex blocks are at most 8 wide.
 <%def name="block_preamble()">
+<% wide_complex = is_complex and block_width > 1 %>\
 #define KB ${block_width}
 % if block_width == 1:
 typedef real_t realb_t;
+typedef real_t lane_t;
+#define BLANES 1
 #define LOADB(p) (*(p))
 #define STOREB(v, p) (*(p) = (v))
-% else:
+#define MULB(a, b) MUL(a, b)
+% elif not is_complex:
 typedef ${real_t}${block_width} realb_t;
+typedef real_t lane_t;
+#define BLANES KB
 #define LOADB(p) vload${block_width}(0, p)
 #define STOREB(v, p) vstore${block_width}(v, 0, p)
+#define MULB(a, b) ((a) * (b))
+% else:
+<%
+    lanes = 2 * block_width
+    digits = "0123456789abcdef"
+    swapped = ", ".join(f"-b.s{digits[2 * i + 1]}, b.s{digits[2 * i]}"
+                        for i in range(block_width))
+%>\
+typedef ${part_t}${lanes} realb_t;
+typedef part_t lane_t;
+#define BLANES ${lanes}
+#define LOADB(p) vload${lanes}(0, p)
+#define STOREB(v, p) vstore${lanes}(v, 0, p)
+// KB complex products a * b_k, b's parts interleaved.
+static inline realb_t cmulb(const real_t a, const realb_t b)
+{
+    return a.x * b + a.y * (realb_t)(${swapped});
+}
+#define MULB(a, b) cmulb((a), (b))
 % endif
 // Row `col` of the x block.
+% if wide_complex:
+#define XROW(col) LOADB((__global const lane_t *)(x + (long)(col) * ldx + x_col))
+% else:
 #define XROW(col) LOADB(x + (long)(col) * ldx + x_col)
+% endif
 </%def>
 ## Store alpha*acc (+ beta*y) into row `row` of the y block (y not read when beta == 0).
 <%def name="store_y_block(row, value)">
+% if not is_complex:
         {
             __global real_t *yr = y + (long)(${row}) * ldy + y_col;
             if (beta != 0)
@@ -62,4 +102,13 @@ typedef ${real_t}${block_width} realb_t;
             else
                 STOREB(alpha * (${value}), yr);
         }
+% else:
+        {
+            __global lane_t *yr = (__global lane_t *)(y + (long)(${row}) * ldy + y_col);
+            if (NONZERO(beta))
+                STOREB(MULB(alpha, (${value})) + MULB(beta, LOADB(yr)), yr);
+            else
+                STOREB(MULB(alpha, (${value})), yr);
+        }
+% endif
 </%def>

@@ -1,7 +1,7 @@
 <%namespace name="c" file="common.mako"/>
 ## CSR vector (mapping="rows"), KB vectors at once: ${vector_size} work-items per row,
 ## each summing a strided share of the row's entries into KB sums; the partial sums
-## meet in local memory (KB per work-item, contiguous) as in csr_vector.mako.
+## meet in local memory (BLANES lanes per work-item, contiguous) as in csr_vector.mako.
 ${c.preamble()}
 ${c.block_preamble()}
 <% rows_per_group = work_group_size // vector_size %>
@@ -10,7 +10,7 @@ ${c.block_preamble()}
 
 ${signature("csr_vector_block")}
 {
-    __local real_t partial[${work_group_size * block_width}];
+    __local lane_t partial[${work_group_size} * BLANES];
     const uint lid = get_local_id(0);
     const uint lane = lid & (VECTOR_SIZE - 1);
     const long row = (long)get_group_id(0) * ROWS_PER_GROUP + lid / VECTOR_SIZE;
@@ -18,22 +18,22 @@ ${signature("csr_vector_block")}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
         for (index_t j = row_ptr[row] + lane; j < end; j += VECTOR_SIZE)
-            sum += values[j] * XROW(col_idx[j]);
+            sum += MULB(values[j], XROW(col_idx[j]));
     }
-    STOREB(sum, partial + lid * KB);
+    STOREB(sum, partial + lid * BLANES);
     barrier(CLK_LOCAL_MEM_FENCE);
 % if reduction == "tree":
 % for s in [vector_size >> k for k in range(1, vector_size.bit_length())]:
     if (lane < ${s}) {
-        sum += LOADB(partial + (lid + ${s}) * KB);
-        STOREB(sum, partial + lid * KB);
+        sum += LOADB(partial + (lid + ${s}) * BLANES);
+        STOREB(sum, partial + lid * BLANES);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 % endfor
 % else:
     if (lane == 0) {
 % for k in range(1, vector_size):
-        sum += LOADB(partial + (lid + ${k}) * KB);
+        sum += LOADB(partial + (lid + ${k}) * BLANES);
 % endfor
     }
 % endif

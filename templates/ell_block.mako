@@ -14,7 +14,7 @@ ${signature("ell_block")}
             const index_t col = col_idx[slot];
             if (col < 0)
                 break;
-            sum += values[slot] * XROW(col);
+            sum += MULB(values[slot], XROW(col));
         }
 ${c.store_y_block("row", "sum")}
     }

@@ -21,7 +21,7 @@ ${signature("sell_block")}
         for (int lane = 0; lane < C; ++lane) {
             const index_t col = col_idx[k + lane];
             if (col >= 0)
-                sum[lane] += values[k + lane] * XROW(col);
+                sum[lane] += MULB(values[k + lane], XROW(col));
         }
     }
     for (int lane = 0; lane < C; ++lane) {
@@ -34,7 +34,7 @@ ${c.store_y_block("out", "sum[lane]")}
 % else:
 <% T = threads_per_row %>
 % if T > 1:
-    __local real_t partial[${work_group_size * block_width}];
+    __local lane_t partial[${work_group_size} * BLANES];
 % endif
     const uint lid = get_local_id(0);
     const uint lane = lid % C;
@@ -48,16 +48,16 @@ ${c.store_y_block("out", "sum[lane]")}
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
             const index_t col = col_idx[k];
             if (col >= 0)
-                sum += values[k] * XROW(col);
+                sum += MULB(values[k], XROW(col));
         }
     }
 % if T > 1:
-    STOREB(sum, partial + lid * KB);
+    STOREB(sum, partial + lid * BLANES);
     barrier(CLK_LOCAL_MEM_FENCE);
 % for s in [T >> i for i in range(1, T.bit_length())]:
     if (t < ${s}) {
-        sum += LOADB(partial + (lid + ${s * C}) * KB);
-        STOREB(sum, partial + lid * KB);
+        sum += LOADB(partial + (lid + ${s * C}) * BLANES);
+        STOREB(sum, partial + lid * BLANES);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 % endfor

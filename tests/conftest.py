@@ -28,7 +28,9 @@ MATRIX_DIR = Path(os.environ.get(
     "PYSPMV_CL_MATRIX_DIR", Path(__file__).resolve().parents[2] / "shared" / "matrices"))
 
 DTYPES = [np.float32, np.float64]
-POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.float64): np.nan}
+POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.float64): np.nan,
+          np.dtype(np.complex64): complex(np.nan, np.nan),
+          np.dtype(np.complex128): complex(np.nan, np.nan)}
 
 
 # Two test runs (README "Tests"): the default one, and the exhaustive sweeps behind
@@ -159,6 +161,26 @@ def assert_close(y, y_ref, A, x, dtype):
     bad = err > bound
     assert not bad.any(), (f"{bad.sum()} entries off; worst error {err.max():.3e} "
                            f"(bound {bound[np.argmax(err - bound)]:.3e})")
+
+
+def assert_cclose(y, ref, A, x, dtype, y0=None, beta=0):
+    """|y - ref| within a bound proportional to |A| |x| (+ |beta y0|); NaN only where
+    scipy has one (a poisoned, unwritten entry fails)."""
+    y = np.asarray(y, dtype=np.complex128)
+    assert y.shape == ref.shape
+    assert np.array_equal(np.isnan(y), np.isnan(ref)), "NaN pattern differs from scipy"
+    A = sp.csr_matrix(A, dtype=np.complex128)
+    mags = sp.csr_matrix((np.abs(A.data), A.indices, A.indptr), shape=A.shape)
+    scale = mags @ np.abs(np.asarray(x, dtype=np.complex128)) + np.abs(ref)
+    if y0 is not None:
+        scale = scale + abs(beta) * np.abs(y0)
+    longest = int(np.diff(A.indptr).max()) if A.shape[0] and A.nnz else 1
+    eps = np.finfo(np.dtype(dtype).char.lower()).eps
+    tol = max(1e-12 if np.dtype(dtype) == np.complex128 else 1e-5,
+              8 * eps * np.sqrt(longest))
+    finite = np.isfinite(ref)
+    err = np.abs(y[finite] - ref[finite])
+    assert np.all(err <= tol * scale[finite] + 1e-30), f"worst error {err.max():.3e}"
 
 
 def make_operator(A, fmt, **kwargs):

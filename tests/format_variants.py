@@ -117,6 +117,28 @@ VARIANTS = {
     ],
 }
 
+# Complex64 block-kernel variants for the Oclgrind complex pass: the items kernels (one
+# per format, both of sell's mappings and both of csr-vector's reductions; ell's and
+# sell's under a CPU profile, since Oclgrind counts as a GPU and complex ell/sell take
+# their lanes kernels there) and the lanes kernels (formats/lanes.py).
+_CPU = {"device_type": "cpu"}
+COMPLEX_BLOCK_VARIANTS = {
+    "csr-scalar": [{"work_group_size": 16, "block_mapping": "items"},
+                   {"block_mapping": "lanes"}],
+    "csr-vector": [{"mapping": "rows", "vector_size": 4, "work_group_size": 16,
+                    "reduction": "tree", "block_mapping": "items"},
+                   {"mapping": "rows", "vector_size": 2, "work_group_size": 8,
+                    "reduction": "serial", "block_mapping": "items"},
+                   {"mapping": "adaptive", "block_mapping": "lanes"}],
+    "ell": [{"max_padding": NO_LIMIT, "work_group_size": 16, PROFILE: _CPU},
+            {"max_padding": NO_LIMIT}],
+    "sell": [{"slice_height": 4, "sigma": 8, "mapping": "slices", "work_group_size": 8,
+              PROFILE: _CPU},
+             {"slice_height": 2, "sigma": 1, "mapping": "rows", "threads_per_row": 4,
+              "work_group_size": 16, PROFILE: _CPU},
+             {"slice_height": 4, "sigma": 8}],
+}
+
 
 def variants(name):
     """``(label, device_override, params, all_dtypes)`` for every variant of format

@@ -36,11 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyopencl.array as cla  # noqa: E402
 from conftest import assert_close, reference  # noqa: E402
-from format_variants import variants  # noqa: E402
+from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, variants  # noqa: E402
 from matrix_cases import csr_from_row_lengths, magnitudes  # noqa: E402
 
 import pyspmv_cl as psc  # noqa: E402
 from pyspmv_cl.formats import get_format  # noqa: E402
+from pyspmv_cl.launching import record_launches  # noqa: E402
 
 
 class _Keep(list):
@@ -182,6 +183,45 @@ def complex_products(op, A, dtype, rng):
     return 2
 
 
+def complex_block_products(op, A, dtype, rng, wide=False):
+    """Complex block kernels (every launch one of them): k = 3 (blocks of 2 and 1) into a
+    fresh device block with beta == 0 and complex alpha, k = 7 (4, 2, 1) from a host
+    column-major X with complex beta != 0 (Y read), and A^H @ U for k = 3 on the device
+    (the transposed copy's block kernels, built beforehand).  ``wide``: k = 8, 17 and 9
+    instead, width 8 (16 lanes) in each, which Oclgrind 21.10's --uninitialized
+    misreads (test_oclgrind.py's test_sixteen_lane_shuffle_false_positive)."""
+    m, n = A.shape
+    A = sp.csr_matrix(A, dtype=np.complex128)
+    AH = A.conj().T.tocsr()
+    queue = op.queue
+    k_device, k_host, k_adjoint = (8, 17, 9) if wide else (3, 7, 3)
+    op.build_transposed()
+
+    def cblock(rows, k):
+        return rng.standard_normal((rows, k)) + 1j * rng.standard_normal((rows, k))
+
+    X = cblock(n, k_device)
+    X_d = cla.to_device(queue, X.astype(dtype))
+    Y_d = cla.empty(queue, (m, k_device), dtype)
+    U = cblock(m, k_adjoint)
+    U_d = cla.to_device(queue, U.astype(dtype))
+    Z_d = cla.empty(queue, (n, k_adjoint), dtype)
+    KEEP.extend([X_d, Y_d, U_d, Z_d])
+    with record_launches(with_names=True) as launched:
+        op.matmat(X_d, out=Y_d, alpha=0.5 - 1j)
+        ccheck(Y_d.get(), (0.5 - 1j) * (A @ X), A, X, dtype)
+        X = cblock(n, k_host)
+        Y0 = cblock(m, k_host).astype(dtype)
+        Y = op.matmat(np.asfortranarray(X), out=Y0.copy(), alpha=2.0, beta=-0.5 + 1j)
+        ccheck(Y, 2.0 * (A @ X) + (-0.5 + 1j) * Y0, A, X, dtype, abs(Y0) * 1.2)
+        op.H.matmat(U_d, out=Z_d, alpha=1j)
+        ccheck(Z_d.get(), 1j * (AH @ U), AH, U, dtype)
+    names = {name for name, _ in launched}
+    assert names and all(name.endswith("_block") for name in names), \
+        f"not block kernels: {names}"
+    return 3
+
+
 def ccheck(y, ref, A, x, dtype, extra=0.0):
     """|y - ref| within 1e-5 of |A| |x| (+ extra); NaN nowhere (nothing unwritten)."""
     y = np.asarray(y, dtype=np.complex128)
@@ -190,14 +230,15 @@ def ccheck(y, ref, A, x, dtype, extra=0.0):
     assert np.all(np.abs(y - ref) <= 1e-5 * scale + 1e-30), "complex product off"
 
 
-def complex_pass(device, names, matrices, rng, summary):
-    """Each complex-capable format with its defaults, complex64, on the corpus."""
+def complex_pass(device, names, matrices, rng, summary, wide=False):
+    """Each complex-capable format with its defaults, complex64, on the corpus (not
+    with ``wide``), then its block variants (:func:`complex_block_pass`)."""
     dtype = np.dtype(np.complex64)
     for name in names:
         if not get_format(name).complex_values:
             continue
         t0 = time.perf_counter()
-        for mname, A in matrices.items():
+        for mname, A in {} if wide else matrices.items():
             A = sp.csr_matrix(A, dtype=np.complex128)
             A.data = A.data * (1 - 0.5j) + 0.25j   # explicit zeros become non-zero
             where = f"{name}/complex64/{mname}"
@@ -215,6 +256,32 @@ def complex_pass(device, names, matrices, rng, summary):
             except Exception:
                 summary["failures"].append(f"{where}: " + traceback.format_exc(limit=3))
         summary["per_format_s"][name + "/complex"] = round(time.perf_counter() - t0, 2)
+        if name in COMPLEX_BLOCK_VARIANTS:
+            t0 = time.perf_counter()
+            complex_block_pass(device, name, matrices, rng, summary, wide)
+            summary["per_format_s"][name + "/complex-block"] = round(
+                time.perf_counter() - t0, 2)
+
+
+def complex_block_pass(device, name, matrices, rng, summary, wide):
+    """Format ``name``'s complex block variants on the two structured matrices."""
+    dtype = np.dtype(np.complex64)
+    for i, params in enumerate(COMPLEX_BLOCK_VARIANTS[name]):
+        params = dict(params)
+        override = params.pop(PROFILE, None)
+        dev = device.override(**override) if override else device
+        for mname, A in list(matrices.items())[:2]:
+            A = sp.csr_matrix(A, dtype=np.complex128)
+            A.data = A.data * (1 - 0.5j) + 0.25j
+            where = f"{name}/complex64-block-v{i}/{mname}"
+            try:
+                op = psc.SpMV(A, format=name, dtype=dtype, device=dev, **params)
+                KEEP.append(op)
+                summary["operators"] += 1
+                summary["products"] += complex_block_products(op, A, dtype, rng, wide)
+            except Exception:
+                summary["failures"].append(f"{where} {params}: "
+                                           + traceback.format_exc(limit=3))
 
 
 def main(argv=None):
@@ -224,8 +291,12 @@ def main(argv=None):
                         help="the sweep's variants run in the first one only")
     parser.add_argument("--device", default=None, help="pyspmv_cl device selection")
     parser.add_argument("--complex", action="store_true",
-                        help="also a complex64 pass of the complex-capable formats (not "
-                        "in test_oclgrind.py yet: Oclgrind 21.10 crashed (SIGSEGV) in it)")
+                        help="also a complex64 pass of the complex-capable formats: their "
+                        "defaults, and the block variants of format_variants.py")
+    parser.add_argument("--only-complex", action="store_true",
+                        help="the complex64 pass alone (no real pass)")
+    parser.add_argument("--wide-complex-blocks", action="store_true",
+                        help="the complex pass: block variants only, with width-8 blocks")
     parser.add_argument("--quick", action="store_true",
                         help="each format's defaults, natively and under a GPU profile")
     args = parser.parse_args(argv)
@@ -239,7 +310,7 @@ def main(argv=None):
     matrices = corpus(rng)
     summary = {"device": device.profile.name, "formats": names, "operators": 0,
                "products": 0, "refused": [], "failures": [], "per_format_s": {}}
-    for name in names:
+    for name in [] if args.only_complex or args.wide_complex_blocks else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes in variants(name):
@@ -281,8 +352,8 @@ def main(argv=None):
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))
         summary["per_format_s"][name] = round(time.perf_counter() - t0, 2)
-    if args.complex:
-        complex_pass(device, names, matrices, rng, summary)
+    if args.complex or args.only_complex or args.wide_complex_blocks:
+        complex_pass(device, names, matrices, rng, summary, args.wide_complex_blocks)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     print(json.dumps(summary), flush=True)
     return 1 if summary["failures"] else 0

@@ -9,7 +9,7 @@ import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
-from conftest import skip_without_fp64
+from conftest import assert_cclose, skip_without_fp64
 from matrix_cases import CASES
 
 import pyspmv_cl as psc
@@ -29,26 +29,6 @@ def crandom(rng, m, n, density):
 
 def cvector(rng, n):
     return rng.standard_normal(n) + 1j * rng.standard_normal(n)
-
-
-def assert_cclose(y, ref, A, x, dtype, y0=None, beta=0):
-    """|y - ref| within a bound proportional to |A| |x| (+ |beta y0|); NaN only where
-    scipy has one (a poisoned, unwritten entry fails)."""
-    y = np.asarray(y, dtype=np.complex128)
-    assert y.shape == ref.shape
-    assert np.array_equal(np.isnan(y), np.isnan(ref)), "NaN pattern differs from scipy"
-    A = sp.csr_matrix(A, dtype=np.complex128)
-    mags = sp.csr_matrix((np.abs(A.data), A.indices, A.indptr), shape=A.shape)
-    scale = mags @ np.abs(np.asarray(x, dtype=np.complex128)) + np.abs(ref)
-    if y0 is not None:
-        scale = scale + abs(beta) * np.abs(y0)
-    longest = int(np.diff(A.indptr).max()) if A.shape[0] and A.nnz else 1
-    eps = np.finfo(np.dtype(dtype).char.lower()).eps
-    tol = max(1e-12 if np.dtype(dtype) == np.complex128 else 1e-5,
-              8 * eps * np.sqrt(longest))
-    finite = np.isfinite(ref)
-    err = np.abs(y[finite] - ref[finite])
-    assert np.all(err <= tol * scale[finite] + 1e-30), f"worst error {err.max():.3e}"
 
 
 def operator(A, fmt, dtype, device, **kw):
@@ -94,6 +74,36 @@ def test_format_against_scipy(device, fmt, dtype, rng):
     yd = op @ cla.to_device(op.queue, xr)
     assert yd.dtype == np.result_type(dtype, np.float32)
     assert_cclose(yd.get(), A @ xr, A, xr, dtype)
+
+
+@pytest.mark.parametrize("fmt", COMPLEX_FORMATS)
+def test_blocks(device, fmt, rng):
+    """A complex block (k = 5) in every complex-capable format, host and device, complex
+    alpha/beta: block kernels where the format has them (csr-scalar, csr-vector's row
+    mapping, ell, sell; tests/test_spmm.py sweeps them), else the column loop."""
+    dtype = np.complex64
+    m, n, k = 83, 61, 5
+    A = sp.diags([cvector(rng, m) for _ in range(3)], [-1, 0, 4], shape=(m, n),
+                 format="csr")
+    A = (A + crandom(rng, m, n, 0.03)).tocsr()
+    params = {"csr-vector": {"mapping": "rows"}, "ell": {"max_padding": float("inf")},
+              "ellr-t": {"max_padding": float("inf")},
+              "dia": {"max_fill": float("inf"), "max_diagonals": 10**9}}.get(fmt, {})
+    op = psc.SpMV(A, format=fmt, dtype=dtype, device=device, **params)
+    assert op.has_block_kernels == bool(FORMATS[fmt].block_widths)
+    X = cvector(rng, n * k).reshape(n, k)
+    Y0 = cvector(rng, m * k).reshape(m, k).astype(dtype)
+    alpha, beta = 1.5 + 0.5j, -0.25 + 1j
+    assert_cclose(op @ np.asfortranarray(X), A @ X, A, X, dtype)
+    Y = op.matmat(X, out=Y0.copy(), alpha=alpha, beta=beta)
+    assert_cclose(Y, alpha * (A @ X) + beta * Y0, A, X, dtype, Y0, beta)
+    Xd = cla.to_device(op.queue, X.astype(dtype))
+    Yd = cla.to_device(op.queue, np.full((m, k), NAN, dtype=dtype))
+    op.matmat(Xd, out=Yd, alpha=alpha)
+    assert_cclose(Yd.get(), alpha * (A @ X), A, X, dtype)
+    Yd = cla.to_device(op.queue, Y0)
+    op.matmat(Xd, out=Yd, alpha=alpha, beta=beta)
+    assert_cclose(Yd.get(), alpha * (A @ X) + beta * Y0, A, X, dtype, Y0, beta)
 
 
 EDGE_CASES = ["0x0", "m_x_0", "0_x_n", "empty_rows", "one_long_row", "duplicates_coo",

@@ -5,15 +5,19 @@ against scipy in float64 with fresh random data and NaN-poisoned outputs.
 Formats with block kernels (csr-scalar, csr-vector's row mapping, ell, sell) read the
 matrix once per block of 16, 8, 4, 2 or 1 vectors; the others multiply column by
 column.  Block widths are built on first use, so the k values below use widths 1, 2, 4
-and 16 (3 = 2+1, 7 = 4+2+1, 33 = 16+16+1, 64 = 4x16)."""
+and 16 (3 = 2+1, 7 = 4+2+1, 33 = 16+16+1, 64 = 4x16).  Complex values (complex64,
+complex128, against scipy in complex128) go up to width 8: k = 1, 2, 3, 8, 17; their
+tests also prove from the launches that the block kernels run, and cover op.H, op.T
+and rmatmat on blocks."""
 
 import numpy as np
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
-from conftest import POISON, assert_close, reference, skip_without_fp64
+from conftest import POISON, assert_cclose, assert_close, reference, skip_without_fp64
 
 import pyspmv_cl as psc
+from pyspmv_cl.launching import record_launches
 
 KS = (1, 2, 3, 7, 16, 33, 64)
 
@@ -33,6 +37,10 @@ BLOCK_VARIANTS = [
     ("csr-vector", {"mapping": "adaptive", "block_mapping": "lanes"}),
 ]
 BLOCK_FORMATS = {"csr-scalar", "csr-vector", "ell", "sell"}
+# The items kernels (the CPU default; on this test's devices ell and sell use them for
+# complex values too unless the device is a GPU): the complex tests below force them.
+ITEMS_VARIANTS = [(f, {**p, "block_mapping": "items"} if f.startswith("csr") else p)
+                  for f, p in BLOCK_VARIANTS if p.get("block_mapping") != "lanes"]
 
 
 def _id(variant):
@@ -66,6 +74,8 @@ def test_block_kernels_against_scipy(device, variant):
     skip_without_fp64(device, dtype)
     rng = np.random.default_rng()
     A = random_matrix(rng, 203, 157)
+    if fmt in ("ell", "sell"):   # their lanes kernels: complex values on GPUs
+        device = device.override(device_type="gpu")
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels
     for k in KS:
@@ -176,6 +186,8 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
     if np.dtype(dtype).kind == "c":
         A = A + 1j * A.multiply(rng.standard_normal(A.shape))
     A = sp.csr_matrix(A)
+    if fmt in ("ell", "sell"):   # their lanes kernels: complex values on GPUs
+        device = device.override(device_type="gpu")
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels
 
@@ -299,3 +311,168 @@ def test_linear_operator_and_transposed(device):
     Z = rng.standard_normal((70, 3))
     check(op.T.matmat(Z), A.T.tocsr(), Z, dtype)
     check(op.rmatmat(Z), A.T.tocsr(), Z, dtype)
+
+
+# -- complex values --------------------------------------------------------------------
+# Complex blocks hold a row's KB sums as 2*KB interleaved parts (common.mako): widths
+# 8, 4, 2, 1, so 17 = 8+8+1 and 3 = 2+1 cover a partial last block.
+CKS = (1, 2, 3, 8, 17)
+CDTYPES = [np.complex64, np.complex128]
+BLOCK_KERNEL = {"csr-scalar": "csr_scalar_block", "csr-vector": "csr_vector_block",
+                "ell": "ell_block", "sell": "sell_block"}
+
+
+def cblock(rng, rows, k):
+    return rng.standard_normal((rows, k)) + 1j * rng.standard_normal((rows, k))
+
+
+def crandom_matrix(rng, m, n, density=0.08):
+    A = random_matrix(rng, m, n, density)
+    A.data = A.data * (1 + 0.5j) + 1j * rng.standard_normal(A.nnz)
+    return A
+
+
+def launched_kernels(product):
+    """The names of the kernels ``product()`` launches (all of them finished)."""
+    with record_launches(with_names=True) as launched:
+        result = product()
+        if launched:
+            launched[-1][1].wait()
+    return [name for name, _ in launched], result
+
+
+@pytest.mark.parametrize("dtype", CDTYPES, ids=["c64", "c128"])
+@pytest.mark.parametrize("variant", ITEMS_VARIANTS, ids=_id)
+def test_complex_block_kernels_against_scipy(device, variant, dtype):
+    """Complex blocks: every k, host C- and F-ordered X, out= poisoned (F-ordered) with
+    beta == 0, complex alpha/beta with out= given, device X and out (poisoned, and
+    with beta), a real X (numpy's promotion)."""
+    fmt, params = variant
+    if fmt in ("ell", "sell") and device.profile.is_gpu:   # their items kernels
+        device = device.override(device_type="cpu")
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    m, n = 203, 157
+    A = crandom_matrix(rng, m, n)
+    if fmt in ("ell", "sell"):   # their lanes kernels: complex values on GPUs
+        device = device.override(device_type="gpu")
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    assert op.has_block_kernels and op.is_complex
+    alpha, beta = complex(rng.standard_normal(), rng.standard_normal()), 0.75 - 1.5j
+    for k in CKS:
+        X, Y0 = cblock(rng, n, k), cblock(rng, m, k).astype(dtype)
+        Y = op @ X
+        assert Y.dtype == np.complex128   # numpy's promotion with a complex128 X
+        assert_cclose(Y, A @ X, A, X, dtype)
+        out = poisoned((m, k), dtype, order="F")
+        assert op.matmat(np.asfortranarray(X), out=out, alpha=alpha) is out
+        assert_cclose(out, alpha * (A @ X), A, X, dtype)
+        Y = op.matmat(X, out=Y0.copy(), alpha=alpha, beta=beta)
+        assert_cclose(Y, alpha * (A @ X) + beta * Y0, A, X, dtype, Y0, beta)
+        Xd = cla.to_device(op.queue, X.astype(dtype))
+        Yd = cla.to_device(op.queue, poisoned((m, k), dtype))
+        assert op.matmat(Xd, out=Yd, alpha=alpha) is Yd
+        assert_cclose(Yd.get(), alpha * (A @ X), A, X, dtype)
+        Yd = cla.to_device(op.queue, Y0)
+        op.matmat(Xd, out=Yd, alpha=alpha, beta=beta)
+        assert_cclose(Yd.get(), alpha * (A @ X) + beta * Y0, A, X, dtype, Y0, beta)
+    Xr = rng.standard_normal((n, 3))
+    assert_cclose(op @ Xr, A @ Xr, A, Xr, dtype)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES, ids=["c64", "c128"])
+@pytest.mark.parametrize("variant", ITEMS_VARIANTS, ids=_id)
+def test_complex_blocks_use_block_kernels(device, variant, dtype):
+    """A complex block reads the matrix once per block: k = 17 runs exactly three
+    launches of the format's block kernel (widths 8, 8, 1), host or device X, where the
+    column loop would run 17 products (and 51 copies on the device); A^H @ U and
+    A^T @ U run on the transposed copy's block kernels the same way."""
+    fmt, params = variant
+    if fmt in ("ell", "sell") and device.profile.is_gpu:   # their items kernels
+        device = device.override(device_type="cpu")
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    m, n = 61, 45
+    A = crandom_matrix(rng, m, n, density=0.15)
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    assert op._impl.supported_block_widths() == (1, 2, 4, 8)
+    assert op._impl.block_plan(17) == [(0, 8), (8, 8), (16, 1)]
+    block = [BLOCK_KERNEL[fmt]] * 3
+    X = cblock(rng, n, 17)
+    names, Y = launched_kernels(lambda: op @ X)
+    assert names == block
+    assert_cclose(Y, A @ X, A, X, dtype)
+    Xd = cla.to_device(op.queue, X.astype(dtype))
+    names, Yd = launched_kernels(lambda: op @ Xd)
+    assert names == block
+    assert_cclose(Yd.get(), A @ X, A, X, dtype)
+    U = cblock(rng, m, 17)
+    Ud = cla.to_device(op.queue, U.astype(dtype))
+    AH, AT = A.conj().T.tocsr(), A.T.tocsr()
+    op.build_transposed()
+    transposed_block = [BLOCK_KERNEL[op.transposed.format]] * 3
+    for product, B in ((lambda: op.H @ Ud, AH), (lambda: op.T @ Ud, AT),
+                       (lambda: op.rmatmat(U), AH)):
+        names, Z = launched_kernels(product)
+        assert names == transposed_block
+        assert_cclose(Z.get() if isinstance(Z, cla.Array) else Z, B @ U, B, U, dtype)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES, ids=["c64", "c128"])
+@pytest.mark.parametrize("fmt", sorted(BLOCK_FORMATS))
+def test_complex_transposed_blocks(device, fmt, dtype):
+    """op.H, op.T, rmatmat, X @ op and the linear operator on complex blocks (the
+    transposed copy holds A^H; op.T conjugates around it): host and device, complex
+    alpha/beta, out= poisoned and given."""
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    m, n = 70, 52
+    A = crandom_matrix(rng, m, n, density=0.1)
+    params = dict(next(p for f, p in ITEMS_VARIANTS if f == fmt))
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    AH, AT = A.conj().T.tocsr(), A.T.tocsr()
+    alpha, beta = 2 - 1j, 0.5j
+    for k in (3, 17):
+        U, Z0 = cblock(rng, m, k), cblock(rng, n, k).astype(dtype)
+        assert_cclose(op.H @ U, AH @ U, AH, U, dtype)
+        assert_cclose(op.rmatmat(U), AH @ U, AH, U, dtype)
+        assert_cclose(op.T @ U, AT @ U, AT, U, dtype)
+        assert_cclose((U.T @ op).T, AT @ U, AT, U, dtype)   # U^T A = (A^T U)^T
+        for view, B in ((op.H, AH), (op.T, AT)):
+            out = poisoned((n, k), dtype)
+            assert view.matmat(U, out=out, alpha=alpha) is out
+            assert_cclose(out, alpha * (B @ U), B, U, dtype)
+            Z = view.matmat(U, out=Z0.copy(), alpha=alpha, beta=beta)
+            assert_cclose(Z, alpha * (B @ U) + beta * Z0, B, U, dtype, Z0, beta)
+            Ud = cla.to_device(op.queue, U.astype(dtype))
+            Zd = cla.to_device(op.queue, poisoned((n, k), dtype))
+            view.matmat(Ud, out=Zd, alpha=alpha)
+            assert_cclose(Zd.get(), alpha * (B @ U), B, U, dtype)
+            Zd = cla.to_device(op.queue, Z0)
+            view.matmat(Ud, out=Zd, alpha=alpha, beta=beta)
+            assert_cclose(Zd.get(), alpha * (B @ U) + beta * Z0, B, U, dtype, Z0, beta)
+        assert_cclose(op.aslinearoperator().rmatmat(U), AH @ U, AH, U, dtype)
+    V = cblock(rng, n, 17)
+    assert_cclose(op.T.H @ V, A.conj() @ V, A, V, dtype)   # conj(A): op.T.H
+
+
+def test_complex_block_local_memory(device):
+    """Local memory counts a complex value's two parts: csr-vector's row mapping keeps
+    a row's partial sums per work-item, so with 2 KiB of local memory and groups of 32,
+    complex128 blocks stop at width 4 (32*4*16 B) where float64 ones go to 8, and
+    k = 9 takes 4, 4, 1."""
+    dtype = np.complex128
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    A = crandom_matrix(rng, 50, 40, density=0.15)
+    small = device.override(local_mem_size=2048)
+    params = {"mapping": "rows", "vector_size": 4, "work_group_size": 32}
+    op = psc.SpMV(A, "csr-vector", dtype=dtype, device=small, **params)
+    assert op._impl.block_local_bytes(4, 32) == 32 * 4 * 16 == 2048
+    assert op._impl.supported_block_widths() == (1, 2, 4)
+    real = psc.SpMV(A.real.tocsr(), "csr-vector", dtype=np.float64, device=small, **params)
+    assert real._impl.supported_block_widths() == (1, 2, 4, 8)   # 8-byte values
+    X = cblock(rng, 40, 9)
+    names, Y = launched_kernels(lambda: op @ X)
+    assert names == ["csr_vector_block"] * 3
+    assert_cclose(Y, A @ X, A, X, dtype)

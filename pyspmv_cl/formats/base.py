@@ -138,6 +138,13 @@ def launch_rows(n_rows: int, rows_per_group: int, work_group_size: int) -> tuple
 BLOCK_WIDTHS = (1, 2, 4, 8, 16)
 
 
+def max_block_width(dtype) -> int:
+    """The widest block a kernel can hold in one OpenCL vector (16 lanes at most): 16
+    real values, or 8 complex ones (a real and an imaginary lane each, as many
+    registers as 16 real sums; see common.mako's block_preamble)."""
+    return 8 if np.dtype(dtype).kind == "c" else 16
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
@@ -342,18 +349,18 @@ class SpMVFormat:
     block_template: typing.ClassVar[str] = None
 
     def supported_block_widths(self) -> tuple:
-        """The block widths this operator can use: ``block_widths`` less those whose
-        local memory (``block_local_bytes``) the device lacks, or () when the
+        """The block widths this operator can use: ``block_widths`` less those wider
+        than ``max_block_width`` (16; 8 for complex values) and those whose local
+        memory (``block_local_bytes``) the device lacks, or () when the
         parameters rule block kernels out (override to say so)."""
         wg = self.params.get("work_group_size", 1)
         return tuple(kb for kb in self.block_widths
-                     if self.block_local_bytes(kb, wg) <= self.profile.local_mem_size)
+                     if kb <= max_block_width(self.dtype)
+                     and self.block_local_bytes(kb, wg) <= self.profile.local_mem_size)
 
     @property
     def has_block_kernels(self) -> bool:
-        # Block kernels hold a row's KB sums in an OpenCL vector real_tKB: real only
-        # (complex products go column by column).
-        return self.dtype.kind != "c" and 1 in self.supported_block_widths()
+        return 1 in self.supported_block_widths()
 
     def block_kernel_specs(self, kb: int) -> Sequence[KernelSpec]:
         """The block kernels of width ``kb``: their arguments end with
@@ -369,7 +376,8 @@ class SpMVFormat:
         return {**self.template_params(), "block_width": int(kb)}
 
     def block_local_bytes(self, kb: int, work_group_size: int) -> int:
-        """Local memory a work-group of the width-``kb`` kernel uses."""
+        """Local memory a work-group of the width-``kb`` kernel uses (in
+        ``self.dtype.itemsize`` units per value: a complex value's two parts)."""
         return 0
 
     def block_min_work_group_size(self, kb: int) -> int:

@@ -221,7 +221,8 @@ class ELL(LanesBlocks, SpMVFormat):
 
     @property
     def _lanes(self):
-        return self.dtype.kind == "c"
+        # Complex values on GPUs; the items kernels (complex up to 8 vectors) elsewhere.
+        return self.dtype.kind == "c" and self.profile.is_gpu
 
     def lanes_matrix_args(self):
         return ELL_KERNEL.args[:5]
