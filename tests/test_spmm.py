@@ -74,8 +74,6 @@ def test_block_kernels_against_scipy(device, variant):
     skip_without_fp64(device, dtype)
     rng = np.random.default_rng()
     A = random_matrix(rng, 203, 157)
-    if fmt in ("ell", "sell"):   # their lanes kernels: complex values on GPUs
-        device = device.override(device_type="gpu")
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels
     for k in KS:
@@ -354,8 +352,6 @@ def test_complex_block_kernels_against_scipy(device, variant, dtype):
     rng = np.random.default_rng()
     m, n = 203, 157
     A = crandom_matrix(rng, m, n)
-    if fmt in ("ell", "sell"):   # their lanes kernels: complex values on GPUs
-        device = device.override(device_type="gpu")
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels and op.is_complex
     alpha, beta = complex(rng.standard_normal(), rng.standard_normal()), 0.75 - 1.5j
