@@ -219,11 +219,6 @@ class ELL(LanesBlocks, SpMVFormat):
     lanes_template = "ell_lanes_block.mako"
     lanes_kernel = "ell_lanes_block"
 
-    @property
-    def _lanes(self):
-        # Complex values on GPUs; the items kernels (complex up to 8 vectors) elsewhere.
-        return self.dtype.kind == "c" and self.profile.is_gpu
-
     def lanes_matrix_args(self):
         return ELL_KERNEL.args[:5]
 

@@ -3,7 +3,7 @@ work-items share a row, one per vector of the block, so that every entry of the 
 read once (a broadcast to the k lanes) and the k entries of X's row it multiplies are
 read side by side (coalesced on GPUs).  The sums are ``real_t``: complex values work.
 
-A format mixes ``LanesBlocks`` in, says when the lanes kernel is used (``_lanes``), names
+A format mixes ``LanesBlocks`` in, may say when the lanes kernel is used (``_lanes``), names
 its template (``lanes_template``, kernel ``lanes_kernel``) and its matrix arguments
 (``lanes_matrix_args()``), and keeps its own block kernels under the ``items_`` names."""
 
@@ -23,7 +23,10 @@ class LanesBlocks:
 
     @property
     def _lanes(self) -> bool:
-        raise NotImplementedError
+        """Whether block products take the lanes kernel.  By default: complex values on
+        GPUs (the format's items kernels elsewhere, complex up to 8 vectors); the CSR
+        formats decide by their ``block_mapping`` parameter instead."""
+        return self.dtype.kind == "c" and self.profile.is_gpu
 
     def lanes_matrix_args(self):
         raise NotImplementedError

@@ -389,11 +389,6 @@ class SELL(LanesBlocks, SpMVFormat):
     lanes_template = "sell_lanes_block.mako"
     lanes_kernel = "sell_lanes_block"
 
-    @property
-    def _lanes(self):
-        # Complex values on GPUs; the items kernels (complex up to 8 vectors) elsewhere.
-        return self.dtype.kind == "c" and self.profile.is_gpu
-
     def lanes_matrix_args(self):
         return self._matrix_args()
 
