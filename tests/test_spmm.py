@@ -339,20 +339,27 @@ def launched_kernels(product):
     return [name for name, _ in launched], result
 
 
+def complex_items_operator(device, variant, dtype, m, n, **density):
+    """(rng, A, op): a fresh random complex m x n matrix and its operator in ``variant``
+    with the items block kernels (ell's and sell's under a CPU profile: GPUs give them
+    the lanes kernels for complex values); skipped without fp64 for complex128."""
+    fmt, params = variant
+    if fmt in ("ell", "sell") and device.profile.is_gpu:
+        device = device.override(device_type="cpu")
+    skip_without_fp64(device, dtype)
+    rng = np.random.default_rng()
+    A = crandom_matrix(rng, m, n, **density)
+    return rng, A, psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+
+
 @pytest.mark.parametrize("dtype", CDTYPES, ids=["c64", "c128"])
 @pytest.mark.parametrize("variant", ITEMS_VARIANTS, ids=_id)
 def test_complex_block_kernels_against_scipy(device, variant, dtype):
     """Complex blocks: every k, host C- and F-ordered X, out= poisoned (F-ordered) with
     beta == 0, complex alpha/beta with out= given, device X and out (poisoned, and
     with beta), a real X (numpy's promotion)."""
-    fmt, params = variant
-    if fmt in ("ell", "sell") and device.profile.is_gpu:   # their items kernels
-        device = device.override(device_type="cpu")
-    skip_without_fp64(device, dtype)
-    rng = np.random.default_rng()
     m, n = 203, 157
-    A = crandom_matrix(rng, m, n)
-    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    rng, A, op = complex_items_operator(device, variant, dtype, m, n)
     assert op.has_block_kernels and op.is_complex
     alpha, beta = complex(rng.standard_normal(), rng.standard_normal()), 0.75 - 1.5j
     for k in CKS:
@@ -383,14 +390,9 @@ def test_complex_blocks_use_block_kernels(device, variant, dtype):
     launches of the format's block kernel (widths 8, 8, 1), host or device X, where the
     column loop would run 17 products (and 51 copies on the device); A^H @ U and
     A^T @ U run on the transposed copy's block kernels the same way."""
-    fmt, params = variant
-    if fmt in ("ell", "sell") and device.profile.is_gpu:   # their items kernels
-        device = device.override(device_type="cpu")
-    skip_without_fp64(device, dtype)
-    rng = np.random.default_rng()
+    fmt = variant[0]
     m, n = 61, 45
-    A = crandom_matrix(rng, m, n, density=0.15)
-    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
+    rng, A, op = complex_items_operator(device, variant, dtype, m, n, density=0.15)
     assert op._impl.supported_block_widths() == (1, 2, 4, 8)
     assert op._impl.block_plan(17) == [(0, 8), (8, 8), (16, 1)]
     block = [BLOCK_KERNEL[fmt]] * 3
