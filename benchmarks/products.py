@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -40,16 +39,10 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import block_diagonal, from_spec
+from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
 
-
-def resolve(spec):
-    """A bare matrix name (``cage10``) read from PYSPMV_CL_MATRIX_DIR (default: the
-    shared matrices beside the checkout); anything else is a generator spec or path."""
-    folder = Path(os.environ.get("PYSPMV_CL_MATRIX_DIR",
-                                 Path(__file__).resolve().parents[2] / "shared" / "matrices"))
-    path = folder / f"{spec}.mtx.gz"
-    return str(path) if ":" not in spec and path.is_file() else spec
+#: The shared matrices beside the checkout (PYSPMV_CL_MATRIX_DIR overrides).
+MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
 
 
 def with_values(A, dtype, rng):
@@ -225,10 +218,7 @@ def main(argv=None):
           f"python {platform.python_version()}", flush=True)
     rows = []
     for spec in args.matrices:
-        name, A = from_spec(resolve(spec))
-        if args.replicate_to and A.nnz:
-            copies = int(np.ceil(args.replicate_to / A.nnz))
-            A, name = block_diagonal(A, copies), f"{name} x{copies}"
+        name, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)), args.replicate_to)
         rows += bench_matrix(name, A, args, device, rng)
         if args.json:   # after each matrix: a run cut short keeps what it measured
             with open(args.json, "w") as f:

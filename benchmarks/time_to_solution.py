@@ -39,7 +39,7 @@ import numpy as np
 
 import pyspmv_cl as psc
 from pyspmv_cl import cache
-from pyspmv_cl.bench.generators import block_diagonal, from_spec
+from pyspmv_cl.bench.generators import from_spec, replicate_to
 from pyspmv_cl.bench.peers import available_peers
 from pyspmv_cl.formats import builder
 from pyspmv_cl.tuning import database
@@ -292,11 +292,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="pyspmv-tts-") as root:
         env = Environment(root)
         for spec in args.specs:
-            name, A = from_spec(spec)
-            if args.replicate_to and A.nnz:
-                copies = int(np.ceil(args.replicate_to / A.nnz))
-                if copies > 1:
-                    A, name = block_diagonal(A, copies), f"{name}x{copies}"
+            name, A = replicate_to(*from_spec(spec), args.replicate_to, sep="x")
             for dtype in dtypes:
                 if dtype == np.float64 and not device.profile.fp64:
                     continue

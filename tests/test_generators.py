@@ -345,3 +345,21 @@ def test_power_law_rows_have_power_law_rows_and_columns():
     assert top.min() < n / 2 < top.max()
     with pytest.raises(ValueError):
         power_law_rows(n, 0, n, exponent=2.0)
+
+
+def test_replicate_to_and_resolve_name(tmp_path, monkeypatch):
+    A = g.poisson2d(4)                       # 16 rows, 64 non-zeros
+    label, B = g.replicate_to("p", A, 200)
+    assert label == "p x4" and B.nnz == 4 * A.nnz
+    assert (B != g.block_diagonal(A, 4)).nnz == 0
+    assert g.replicate_to("p", A, 50, sep="x") == ("p", A)   # one copy is enough
+    assert g.replicate_to("p", A, 0)[1] is A
+    empty = sp.csr_matrix((3, 3))
+    assert g.replicate_to("e", empty, 100)[1] is empty
+    (tmp_path / "mine.mtx.gz").write_bytes(b"")
+    monkeypatch.setenv("PYSPMV_CL_MATRIX_DIR", str(tmp_path))
+    assert g.resolve_name("mine", "/nowhere") == str(tmp_path / "mine.mtx.gz")
+    assert g.resolve_name("other", "/nowhere") == "other"
+    assert g.resolve_name("poisson2d:10", "/nowhere") == "poisson2d:10"
+    monkeypatch.delenv("PYSPMV_CL_MATRIX_DIR")
+    assert g.resolve_name("mine", tmp_path) == str(tmp_path / "mine.mtx.gz")

@@ -30,6 +30,8 @@ __all__ = [
     "poisson3d",
     "power_law",
     "random_uniform",
+    "replicate_to",
+    "resolve_name",
     "rmat",
 ]
 
@@ -284,7 +286,29 @@ def block_diagonal(A, copies: int) -> sp.csr_matrix:
     return _csr(np.tile(A.data, copies), indices, indptr, (copies * nrows, copies * ncols))
 
 
+def replicate_to(label: str, A, nnz: float, sep: str = " x"):
+    """``(label, A)`` with A replicated block-diagonally (``block_diagonal``) until it
+    holds at least ``nnz`` non-zeros, and the copies counted in the label (``sep`` +
+    copies); unchanged when ``nnz`` is 0, A is empty or one copy is enough (the
+    benchmarks' ``--replicate-to``)."""
+    if not nnz or not A.nnz:
+        return label, A
+    copies = int(np.ceil(nnz / A.nnz))
+    if copies == 1:
+        return label, A
+    return f"{label}{sep}{copies}", block_diagonal(A, copies)
+
+
 # --------------------------------------------------------------------------- files
+
+
+def resolve_name(spec: str, default_dir) -> str:
+    """A bare matrix name (``cage10``) as the path of ``<name>.mtx.gz`` in
+    ``PYSPMV_CL_MATRIX_DIR`` (else ``default_dir``) when that file exists; any other
+    spec (a generator spec, a path) unchanged, for ``from_spec``."""
+    folder = Path(os.environ.get("PYSPMV_CL_MATRIX_DIR", default_dir))
+    path = folder / f"{spec}.mtx.gz"
+    return str(path) if ":" not in spec and path.is_file() else spec
 
 
 def load_matrix(path) -> sp.csr_matrix:
