@@ -381,9 +381,13 @@ class SpMV:
         self._x_dev = cla.empty(queue, n, dtype)
         self._y_dev = cla.empty(queue, m, dtype)
         self._ghost_dev = cla.empty(queue, plan.n_ghosts, dtype)
+        # Values to send in a few contiguous runs of x are copied straight from it;
+        # only scattered ones need the gather's index and staging arrays.
+        self._send_runs = contiguous_runs(plan.send_idx, _MAX_COPY_RUNS)
+        gather = plan.n_send and self._send_runs is None
         self._send_idx_dev = (cla.to_device(queue, plan.send_idx.astype(np.int64))
-                              if plan.n_send else None)
-        self._send_dev = cla.empty(queue, plan.n_send, dtype)
+                              if gather else None)
+        self._send_dev = cla.empty(queue, plan.n_send, dtype) if gather else None
         self._device_work = [a for a in (self._x_dev, self._y_dev, self._ghost_dev,
                                          self._send_idx_dev, self._send_dev)
                              if a is not None]
@@ -410,7 +414,6 @@ class SpMV:
         # A second in-order queue for the exchange's copies (see _product).
         self._xqueue = cl.CommandQueue(self.queue.context, self.device.cl_device)
         self._kernels = ExchangeKernels(self.queue.context, dtype)
-        self._send_runs = contiguous_runs(plan.send_idx, _MAX_COPY_RUNS)
         self._rrequests = None     # the transposed product's, made by its first call
 
     def _copy_runs(self, x, ready):
