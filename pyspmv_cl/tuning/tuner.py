@@ -488,9 +488,10 @@ def select(csr, features, device, dtype, user_params=None, *, tune=None, expecte
     ``block_size``: the vectors per product the caller will multiply (1 by default);
     above 1 the candidates are timed on blocks, and the decision is stored apart, per
     ``block_class``."""
+    block_size = check_block_size(block_size)
     decision = _select(csr, features, device, dtype, user_params, tune, expected_calls,
-                       budget, progress, check_block_size(block_size))
-    decision.block_size = check_block_size(block_size)
+                       budget, progress, block_size)
+    decision.block_size = block_size
     return decision
 
 
