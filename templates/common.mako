@@ -112,3 +112,20 @@ static inline realb_t cmulb(const real_t a, const realb_t b)
         }
 % endif
 </%def>
+## The lanes block kernels (formats/lanes.py): KB consecutive work-items share a row,
+## `lane` computing column `lane` of the block.  KB is a power of two: shifts (a division
+## and its remainder compile to LLVM's freeze, which Oclgrind's uninitialised-value
+## checker cannot run).
+<%def name="lanes_row()">
+    const long gid = get_global_id(0);
+    const long row = gid >> ${block_width.bit_length() - 1};
+    const long lane = gid & (KB - 1);
+</%def>
+## Store alpha*sum (+ beta*y) into entry `lane` of row `row` of the y block.
+<%def name="store_y_lane(row, value)">
+        {
+            __global real_t *yl = y + (long)(${row}) * ldy + y_col + lane;
+            *yl = NONZERO(beta) ? MUL(alpha, ${value}) + MUL(beta, *yl)
+                                : MUL(alpha, ${value});
+        }
+</%def>

@@ -11,11 +11,7 @@ ${c.preamble()}
 
 ${signature("csr_lanes_block")}
 {
-    const long gid = get_global_id(0);
-    // KB is a power of two: shifts (a division and its remainder compile to LLVM's
-    // freeze, which Oclgrind's uninitialised-value checker cannot run).
-    const long row = gid >> ${block_width.bit_length() - 1};
-    const long lane = gid & (KB - 1);
+${c.lanes_row()}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
         __global const real_t *xl = x + x_col + lane;
@@ -30,7 +26,6 @@ ${signature("csr_lanes_block")}
         if (j < end)
             sum += MUL(values[j], xl[(long)col_idx[j] * ldx]);
         sum += sum2;
-        __global real_t *yl = y + row * ldy + y_col + lane;
-        *yl = NONZERO(beta) ? MUL(alpha, sum) + MUL(beta, *yl) : MUL(alpha, sum);
+${c.store_y_lane("row", "sum")}
     }
 }

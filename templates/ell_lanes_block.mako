@@ -8,10 +8,7 @@ ${c.preamble()}
 
 ${signature("ell_lanes_block")}
 {
-    const long gid = get_global_id(0);
-    // KB is a power of two: shifts (Oclgrind cannot run the freeze of a / and %).
-    const long row = gid >> ${block_width.bit_length() - 1};
-    const long lane = gid & (KB - 1);
+${c.lanes_row()}
     if (row < n_rows) {
         __global const real_t *xl = x + x_col + lane;
         real_t sum = (real_t)(0);
@@ -22,7 +19,6 @@ ${signature("ell_lanes_block")}
                 break;
             sum += MUL(values[slot], xl[(long)col * ldx]);
         }
-        __global real_t *yl = y + row * ldy + y_col + lane;
-        *yl = NONZERO(beta) ? MUL(alpha, sum) + MUL(beta, *yl) : MUL(alpha, sum);
+${c.store_y_lane("row", "sum")}
     }
 }

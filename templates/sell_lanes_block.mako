@@ -9,10 +9,7 @@ ${c.preamble()}
 
 ${signature("sell_lanes_block")}
 {
-    const long gid = get_global_id(0);
-    // KB is a power of two: shifts (Oclgrind cannot run the freeze of a / and %).
-    const long row = gid >> ${block_width.bit_length() - 1};
-    const long lane = gid & (KB - 1);
+${c.lanes_row()}
     if (row < n_rows) {
         const long slice = row / C;
         const long r = row - slice * C;
@@ -25,7 +22,6 @@ ${signature("sell_lanes_block")}
                 sum += MUL(values[k], xl[(long)col * ldx]);
         }
         const long out = ${"perm[row]" if has_perm else "row"};
-        __global real_t *yl = y + out * ldy + y_col + lane;
-        *yl = NONZERO(beta) ? MUL(alpha, sum) + MUL(beta, *yl) : MUL(alpha, sum);
+${c.store_y_lane("out", "sum")}
     }
 }
