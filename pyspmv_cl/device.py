@@ -18,6 +18,7 @@ import pyopencl as cl
 
 from .cache import get_program
 from .errors import DeviceNotFoundError, InvalidInputError
+from .host_buffers import COPY, in_place_mode
 
 DEVICE_ENV = "PYSPMV_CL_DEVICE"
 
@@ -205,6 +206,7 @@ class Device:
         self._timing_queue = None
         self._profile = profile
         self._base = _base  # the device an override came from: shares its context
+        self._host_arrays = None
 
     # -- identity -----------------------------------------------------------------
     @property
@@ -262,6 +264,24 @@ class Device:
         if self._profile is None:
             self._profile = build_profile(self.context, self.cl_device)
         return self._profile
+
+    @property
+    def host_arrays(self):
+        """How products use host arrays on this device (``host_buffers``): "copy" to and
+        from device buffers, or in place where the device computes in host memory
+        (``CL_DEVICE_HOST_UNIFIED_MEMORY``: PoCL's CPU devices, integrated GPUs), the
+        result then made visible by a "map" or, where a probe found the kernels' writes
+        in the host array already, "direct"ly.  Probed on first use."""
+        if self._base is not None:
+            return self._base.host_arrays
+        if self._host_arrays is None:
+            self._host_arrays = in_place_mode(self.context, self.cl_device, self.queue)
+        return self._host_arrays
+
+    @property
+    def shares_host_memory(self):
+        """Whether host vectors are multiplied in place (see ``host_arrays``)."""
+        return self.host_arrays != COPY
 
     def override(self, **changes):
         """A Device sharing this one's context and queue, with profile fields replaced

@@ -30,6 +30,7 @@ from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.values import ValueUpdater, check_values
+from .host_buffers import COPY, host_buffer, wait_and_read
 from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
 from .launching import in_order, launch_kernel
 from .tuning.tuner import select
@@ -153,6 +154,8 @@ class SpMV:
             self.build_time = self._impl.build_seconds
         self.format = format
         self._staging = {}
+        # Host vectors multiplied in place on devices that compute in host memory.
+        self._host_mode = self.device.host_arrays
         self._lock = threading.RLock()
         self._queue_in_order = in_order(self.queue)   # a driver query: once, not per call
         # On an out-of-order queue: the last event of the latest product, which the next
@@ -510,6 +513,9 @@ class SpMV:
             return result
         queue = self.queue
         x_host = np.ascontiguousarray(X, dtype=self.dtype)   # row-major, op.dtype
+        if self._host_mode != COPY:
+            self._in_place(x_host, result, alpha, beta, block=k)
+            return result
         x_buf = self._block_staging("X", n * k)
         y_buf = self._block_staging("Y", m * k)
         uploads = []
@@ -525,6 +531,25 @@ class SpMV:
         if not direct:
             result[...] = y_host
         return result
+
+    def _in_place(self, x_host, target, alpha, beta, block=None):
+        """One product on a device that computes in host memory (``host_buffers``): the
+        kernels read ``x_host`` (C-contiguous, ``op.dtype``) where it lies and write
+        ``target`` itself when it is C-contiguous, in ``op.dtype`` and apart from x,
+        else a temporary (holding target's values when beta != 0) copied into it."""
+        direct = (target.dtype == self.dtype and target.flags.c_contiguous
+                  and not np.may_share_memory(target, x_host))
+        y_host = target if direct else np.empty(target.shape, dtype=self.dtype)
+        if beta != 0 and not direct:
+            y_host[...] = target
+        context = self.device.context
+        x_buf = (host_buffer(context, x_host, writable=False) if x_host.size
+                 else self._staging_buffer("x", 0))
+        y_buf = host_buffer(context, y_host, writable=True)
+        event = self._launch(x_buf, y_buf, alpha, beta, block=block)
+        wait_and_read(self.queue, y_buf, y_host, event, self._host_mode)
+        if not direct:
+            target[...] = y_host
 
     def _block_staging(self, role, count):
         """A staging buffer of at least ``count`` values (grown when too small)."""
@@ -609,9 +634,17 @@ class SpMV:
             return result
 
         m, n = self.shape
-        y_host = np.empty(m, dtype=self.dtype)
         if m == 0:
             return out if out is not None else np.empty(expected, dtype=result_dtype)
+        if self._host_mode != COPY:
+            x_host = np.ascontiguousarray(x.reshape(n), dtype=self.dtype)
+            if out is not None:
+                self._in_place(x_host, out.reshape(m), alpha, beta)
+                return out
+            y_host = np.empty(m, dtype=self.dtype)
+            self._in_place(x_host, y_host, alpha, beta)
+            return y_host.reshape(expected).astype(result_dtype, copy=False)
+        y_host = np.empty(m, dtype=self.dtype)
         x_buf = self._staging_buffer("x", n)
         y_buf = self._staging_buffer("y", m)
         queue = self.queue

@@ -174,6 +174,7 @@ class Launch(typing.NamedTuple):
     args: tuple
     global_size: int
     local_size: int
+    operands: tuple = ()   # (position, X or Y) of the arguments bound to x and y
 
 
 class SpMVFormat:
@@ -535,7 +536,10 @@ class SpMVFormat:
             raise TypeError(f"{self.name}: kernel {spec.name} has no argument(s) "
                             f"{sorted(unknown)}")
         args = spec.bind({**values, **step.values}, self.scalar_types())
-        return Launch(kernels[step.kernel], args, step.global_size, step.local_size)
+        operands = tuple((i, a.role) for i, a in enumerate(spec.args)
+                         if a.role in (X, Y) and a.name not in step.values)
+        return Launch(kernels[step.kernel], args, step.global_size, step.local_size,
+                      operands)
 
     def scalar_types(self) -> dict:
         """Type names of this operator's kernel arguments -> numpy dtypes."""
@@ -562,11 +566,15 @@ class SpMVFormat:
         """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event
         of the last launch (a marker when there is nothing to launch).
 
-        Kernel arguments are set only when x, y, alpha or beta change: pyopencl's
-        set_args costs 20-120 us a kernel on PoCL, more than a small matrix's product.
-        This object owns its kernel objects, so nothing else changes their arguments; it
-        keeps x and y referenced while their handles sit in the kernels."""
-        key = (queue.int_ptr, x_buf.int_ptr, y_buf.int_ptr, complex(alpha), complex(beta))
+        Kernel arguments are set only when they change: pyopencl's set_args costs
+        20-120 us a kernel on PoCL (its scalars, about 17 us each), more than a small
+        matrix's product, while one buffer argument costs well under a microsecond.  So
+        a new queue, alpha or beta binds everything again, and new x and y buffers (a
+        CPU device multiplies host arrays in place: a new buffer every call) only
+        their own arguments.  This object owns its kernel objects, so nothing else
+        changes their arguments; it keeps x and y referenced while their handles sit
+        in the kernels."""
+        key = (queue.int_ptr, complex(alpha), complex(beta))
         if key != self._plan_key:
             self._plan_key = None
             real = self.dtype.type
@@ -579,22 +587,38 @@ class SpMVFormat:
                 args = launch.args if id(launch.kernel) in reused else None
                 if args is None:
                     launch.kernel.set_args(*launch.args)
-                plan.append((launch.kernel, args, (int(launch.global_size),),
-                             (int(launch.local_size),)))
+                plan.append([launch.kernel, args, (int(launch.global_size),),
+                             (int(launch.local_size),), launch.operands])
             # On an in-order queue each launch waits for the one before it anyway.
             self._plan, self._plan_in_order = plan, in_order(queue)
             self._plan_refs = (x_buf, y_buf)
             self._plan_key = key
+        elif (x_buf.int_ptr, y_buf.int_ptr) != tuple(b.int_ptr for b in self._plan_refs):
+            self._rebind_operands(x_buf, y_buf)
         if not self._plan:
             return cl.enqueue_marker(queue, wait_for=wait_for)
         event = None
-        for kernel, args, global_size, local_size in self._plan:
+        for kernel, args, global_size, local_size, _ in self._plan:
             if args is not None:
                 kernel.set_args(*args)
             if event is not None:
                 wait_for = None if self._plan_in_order else [event]
             event = enqueue_launch(queue, kernel, global_size, local_size, wait_for=wait_for)
         return event
+
+    def _rebind_operands(self, x_buf, y_buf) -> None:
+        """Point the kept launch plan at new x and y buffers (their arguments only)."""
+        self._plan_refs = (x_buf, y_buf)
+        for entry in self._plan:
+            kernel, args, _, _, operands = entry
+            if args is None:
+                for position, role in operands:
+                    kernel.set_arg(position, x_buf if role == X else y_buf)
+            elif operands:
+                args = list(args)
+                for position, role in operands:
+                    args[position] = x_buf if role == X else y_buf
+                entry[1] = tuple(args)
 
 
 def complex_formats(registry) -> list:
