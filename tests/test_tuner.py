@@ -283,6 +283,26 @@ def test_csr_vector_candidates_offer_narrower_vectors():
         MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, 300, 1.5, 0), cpu, np.float32)
 
 
+@pytest.mark.parametrize("dtype, items", [(np.float32, 8), (np.float64, 4),
+                                          (np.complex64, 4), (np.complex128, 4)])
+def test_csr_vector_adaptive_items_follow_the_value_size(dtype, items):
+    """8 entries per work-item for 4-byte values, 4 for wider ones (each is staged in
+    local memory), in the defaults and in an explicit mapping="adaptive"; the longest
+    row the defaults accept shrinks with the window (8 windows of 128 x items)."""
+    from pyspmv_cl.formats.csr_vector import CSRVector
+    gpu = DEVICES[0].profile.replace(device_type="gpu", simd_width=32)
+    f15 = MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, 300, 1.5, 0)
+    params = CSRVector.default_params(f15, gpu, dtype)
+    assert (params["mapping"], params["items_per_thread"]) == ("adaptive", items)
+    given = CSRVector.resolve_params(f15, gpu, dtype, {"mapping": "adaptive"})
+    assert given["items_per_thread"] == items
+    longest = 8 * 128 * items
+    fits = MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, longest, 1.5, 0)
+    over = MatrixFeatures(10**5, 10**5, 15 * 10**5, 15.0, longest + 1, 1.5, 0)
+    assert CSRVector.default_params(fits, gpu, dtype)["mapping"] == "adaptive"
+    assert CSRVector.default_params(over, gpu, dtype)["mapping"] == "rows"
+
+
 def test_sell_candidates_offer_more_threads_per_row_on_gpus():
     """GPUs: 2, 4 and 8 work-items per row while rows average >= 3 entries per
     work-item; the default (1 for this many rows) is not repeated; CPUs: defaults."""

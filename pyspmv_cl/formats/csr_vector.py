@@ -42,8 +42,21 @@ VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
 MAPPINGS = ("rows", "adaptive")
 MAX_ITEMS_PER_THREAD = 32
 ADAPTIVE_MAX_WINDOWS = 8
-# The adaptive mapping's default shape (work-group size, entries per work-item).
+# The adaptive mapping's default shape (work-group size, entries per work-item; see
+# adaptive_shape for values wider than 4 bytes).
 ADAPTIVE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
+
+
+def adaptive_shape(dtype):
+    """The adaptive mapping's default shape for values of ``dtype``: 8 entries per
+    work-item for 4-byte values, 4 for wider ones.  Each entry's product is staged in
+    local memory, so 8 entries of complex128 take 4x float32's; on an H200 (astro-ph and
+    Groebner_id2003_aug x83-x116) 4 entries ran complex128 in 142-164 us against 211-
+    305 us with 8, and float64 within 3% (astro-ph 113 against 118 us), while float32
+    kept 8 (70-92 against 81-97 us with 4)."""
+    items = ADAPTIVE_DEFAULT["items_per_thread"]
+    return {**ADAPTIVE_DEFAULT, "items_per_thread": items if np.dtype(dtype).itemsize <= 4
+            else items // 2}
 
 
 def vector_size_for(mean_row_length, simd_lanes):
@@ -110,8 +123,8 @@ class CSRVector(CSRFormatBase):
         """The adaptive mapping on GPUs where its windows suit the longest row (see
         ``adaptive_suits``), the row mapping elsewhere."""
         rows = cls._rows_defaults(features, profile, dtype)
-        if cls.adaptive_suits(features, profile, ADAPTIVE_DEFAULT):
-            return cls._adaptive_defaults(rows, profile)
+        if cls.adaptive_suits(features, profile, adaptive_shape(dtype)):
+            return cls._adaptive_defaults(rows, profile, dtype)
         return rows
 
     @classmethod
@@ -126,13 +139,14 @@ class CSRVector(CSRFormatBase):
                 "block_mapping": default_block_mapping(profile)}
 
     @staticmethod
-    def _adaptive_defaults(rows, profile):
-        """Adaptive: a group of 128 (at most the device's), 8 entries per work-item, no
-        vector size: the best of four shapes on an H200 for astro-ph,
-        Groebner_id2003_aug and cage10 (x32)."""
+    def _adaptive_defaults(rows, profile, dtype):
+        """Adaptive: a group of 128 (at most the device's), 8 entries per work-item (4
+        for values wider than 4 bytes: ``adaptive_shape``), no vector size: the best of
+        four shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32)."""
+        shape = adaptive_shape(dtype)
         return {**rows, "mapping": "adaptive", "vector_size": None,
-                "items_per_thread": ADAPTIVE_DEFAULT["items_per_thread"],
-                "work_group_size": pow2_floor(min(ADAPTIVE_DEFAULT["work_group_size"],
+                "items_per_thread": shape["items_per_thread"],
+                "work_group_size": pow2_floor(min(shape["work_group_size"],
                                                   profile.max_work_group_size))}
 
     @staticmethod
@@ -157,7 +171,7 @@ class CSRVector(CSRFormatBase):
         if mapping is None and given.get("vector_size") is not None:
             mapping = "rows"
         if mapping == "adaptive":
-            defaults = cls._adaptive_defaults(rows, profile)
+            defaults = cls._adaptive_defaults(rows, profile, dtype)
         elif mapping is None:
             defaults = cls.default_params(features, profile, dtype)
         else:
@@ -215,7 +229,7 @@ class CSRVector(CSRFormatBase):
                                         for v in (vs // 2, vs // 4) if v >= 2]
         adaptive = [{"mapping": "adaptive", **shape}
                     for shape in ({}, {"work_group_size": 256, "items_per_thread": 4})
-                    if cls.adaptive_suits(features, profile, {**ADAPTIVE_DEFAULT, **shape})]
+                    if cls.adaptive_suits(features, profile, {**adaptive_shape(dtype), **shape})]
         if not adaptive:
             return rows
         # Adaptive default, the row default, the other adaptive shape, narrower vectors.

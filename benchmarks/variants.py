@@ -1,0 +1,94 @@
+"""Format and parameter variants of ``Ax`` against cuSPARSE, on device arrays (the
+sweeps behind the GPU defaults: which shape of a kernel suits which matrices).
+
+For each matrix (replicated to ``--replicate-to`` non-zeros) and dtype, every variant of
+``--variants`` (a JSON list of ``[format, {param: value}]``; ``"auto"`` is tuned first
+with ``finish_tuning``) is timed as ``benchmarks/products.py`` times ``Ax``: the wall
+time per product of 20 back-to-back products and one wait, interleaved with cuSPARSE's
+``cusparseSpMV``, median of ``--rounds`` rounds, each result checked against scipy.  A
+variant the device refuses is reported and skipped.
+
+    python benchmarks/variants.py --device nvidia --dtypes float32,complex128 \\
+        --variants '[["auto", {}], ["csr-vector", {"mapping": "adaptive",
+        "items_per_thread": 4}]]' --json R.json astro-ph Groebner_id2003_aug
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import numpy as np
+import pyopencl.array as cla
+from products import MATRIX_DIR, Timer, random_block, with_values
+
+import pyspmv_cl as psc
+from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("matrices", nargs="+")
+    ap.add_argument("--device", default="nvidia")
+    ap.add_argument("--dtypes", default="float32,float64,complex128")
+    ap.add_argument("--variants", required=True, help="JSON list of [format, params]")
+    ap.add_argument("--replicate-to", type=float, default=2e7)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import cupy
+
+    from pyspmv_cl.bench.peers import _CuSparseSpMV
+
+    variants = json.loads(args.variants)
+    rng, timer, rows = np.random.default_rng(0), Timer(20), []
+    sync = cupy.cuda.runtime.deviceSynchronize
+    for spec in args.matrices:
+        label, A0 = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)),
+                                 args.replicate_to)
+        for dt in args.dtypes.split(","):
+            A = with_values(A0, dt, rng)
+            x = random_block(rng, A.shape[1], dt)
+            want = A.astype(np.complex128) @ x
+            peer, x_cuda = _CuSparseSpMV(A, np.dtype(dt), "N"), cupy.asarray(x)
+            for fmt, params in variants:
+                try:
+                    op = psc.SpMV(A, device=args.device, format=fmt, **params)
+                except psc.errors.PySpMVError as exc:
+                    print(f"{label} {dt} {fmt} {params}: {type(exc).__name__}: "
+                          f"{str(exc)[:160]}", file=sys.stderr)
+                    continue
+                op.finish_tuning()
+                q = op.queue
+                xd, yd = cla.to_device(q, x), cla.empty(q, A.shape[0], op.dtype)
+                op.matvec(xd, out=yd)
+                err = float(np.abs(yd.get() - want).max() / np.abs(want).max())
+                ours, cusparse = [], []
+
+                def product(op=op, xd=xd, yd=yd):
+                    op.matvec(xd, out=yd)
+
+                def peer_product(peer=peer, x_cuda=x_cuda):
+                    peer(x_cuda)
+
+                for _ in range(args.rounds):
+                    ours.append(timer(product, q.finish))
+                    cusparse.append(timer(peer_product, sync))
+                t, c = statistics.median(ours), statistics.median(cusparse)
+                rows.append({"matrix": label, "dtype": dt, "asked": fmt, "given": params,
+                             "format": op.format,
+                             "params": {k: str(v) for k, v in op.params.items()},
+                             "us": t * 1e6, "cusparse_us": c * 1e6, "ratio": c / t,
+                             "rel_err": err})
+                print(f"{label} {dt} {fmt:10s} {json.dumps(params):60s} {t * 1e6:8.1f} "
+                      f"cuSPARSE {c * 1e6:8.1f} ratio {c / t:5.2f} err {err:.1e}",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
