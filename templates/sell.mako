@@ -1,4 +1,5 @@
 <%namespace name="c" file="common.mako"/>
+<%namespace name="sc" file="sell_common.mako"/>
 ## SELL-C-sigma (Kreutzer et al.): slices of C rows, each padded to its own width and
 ## stored column-major: slot (row lane, step j) of slice s is slice_ptr[s] + j*C + lane.
 ## Padding slots hold column -1 and never multiply x.  With has_perm, sorted position
@@ -7,6 +8,7 @@
 ${c.preamble()}
 <% C = slice_height %>
 #define C ${C}
+${sc.columns()}
 
 ${signature("sell")}
 {
@@ -20,10 +22,11 @@ ${signature("sell")}
     real_t sum[C];
     for (int lane = 0; lane < C; ++lane)
         sum[lane] = 0;
+${sc.slice_base()}
     const index_t end = slice_ptr[slice + 1];
     for (index_t k = slice_ptr[slice]; k < end; k += C) {
         for (int lane = 0; lane < C; ++lane) {
-            const index_t col = col_idx[k + lane];
+            const index_t col = COL(k + lane);
             const real_t product = MUL(values[k + lane], x[col < 0 ? 0 : col]);
             sum[lane] += (col >= 0) ? product : (real_t)0;
         }
@@ -50,9 +53,10 @@ ${c.store_y("out", "sum[lane]")}
     const long slice = (long)get_group_id(0) * ${work_group_size // (C * T)} + lid / ${C * T};
     real_t sum = 0;
     if (slice < n_slices) {
+${sc.slice_base()}
         const index_t end = slice_ptr[slice + 1];
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
-            const index_t col = col_idx[k];
+            const index_t col = COL(k);
             if (col >= 0)
                 sum += MUL(values[k], x[col]);
         }
@@ -122,4 +126,33 @@ ${signature("sell_scatter")}
         }
     }
 }
+
+% if col_bits == 16:
+## col_bits=16: one work-item per slice finds its smallest and largest column, writes
+## the base and the 16-bit offsets (0xFFFF for padding), and flags a slice that spans
+## 0xFFFF columns or more (the host then refuses the matrix).
+${signature("sell_compress")}
+{
+    const long s = get_global_id(0);
+    if (s < n_slices) {
+        const index_t start = slice_ptr_in[s], end = slice_ptr_in[s + 1];
+        index_t low = -1, high = -1;
+        for (index_t k = start; k < end; ++k) {
+            const index_t col = col_idx_in[k];
+            if (col >= 0) {
+                low = (low < 0 || col < low) ? col : low;
+                high = col > high ? col : high;
+            }
+        }
+        const index_t base = low < 0 ? 0 : low;
+        col_base_out[s] = base;
+        if (high - base >= 0xFFFF)
+            atomic_max((volatile __global int *)too_wide, 1);
+        for (index_t k = start; k < end; ++k) {
+            const index_t col = col_idx_in[k];
+            col_off_out[k] = col < 0 ? (ushort)0xFFFF : (ushort)(col - base);
+        }
+    }
+}
+% endif
 % endif

@@ -1,4 +1,5 @@
 <%namespace name="c" file="common.mako"/>
+<%namespace name="sc" file="sell_common.mako"/>
 ## SELL-C-sigma, KB vectors at once (see sell.mako for the layout and both mappings):
 ## each slot is read once and its value multiplies KB entries of row col of the x
 ## block; padding slots (column -1) are skipped; results go to row perm[row] of y.
@@ -6,6 +7,7 @@ ${c.preamble()}
 ${c.block_preamble()}
 <% C = slice_height %>
 #define C ${C}
+${sc.columns()}
 
 ${signature("sell_block")}
 {
@@ -16,10 +18,11 @@ ${signature("sell_block")}
     realb_t sum[C];
     for (int lane = 0; lane < C; ++lane)
         sum[lane] = (realb_t)(0);
+${sc.slice_base()}
     const index_t end = slice_ptr[slice + 1];
     for (index_t k = slice_ptr[slice]; k < end; k += C) {
         for (int lane = 0; lane < C; ++lane) {
-            const index_t col = col_idx[k + lane];
+            const index_t col = COL(k + lane);
             if (col >= 0)
                 sum[lane] += MULB(values[k + lane], XROW(col));
         }
@@ -44,9 +47,10 @@ ${c.store_y_block("out", "sum[lane]")}
     const long slice = (long)get_group_id(0) * ${work_group_size // (C * T)} + lid / ${C * T};
     realb_t sum = (realb_t)(0);
     if (slice < n_slices) {
+${sc.slice_base()}
         const index_t end = slice_ptr[slice + 1];
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
-            const index_t col = col_idx[k];
+            const index_t col = COL(k);
             if (col >= 0)
                 sum += MULB(values[k], XROW(col));
         }

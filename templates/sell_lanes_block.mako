@@ -1,4 +1,5 @@
 <%namespace name="c" file="common.mako"/>
+<%namespace name="sc" file="sell_common.mako"/>
 ## SELL-C-sigma, KB vectors at once, lanes over k (formats/lanes.py; complex values):
 ## KB consecutive work-items share a row (its slots lie C apart in its slice; padding
 ## column -1 is skipped), lane j computing column j of the block, the result going to
@@ -6,6 +7,7 @@
 ${c.preamble()}
 #define KB ${block_width}
 #define C ${slice_height}
+${sc.columns()}
 
 ${signature("sell_lanes_block")}
 {
@@ -13,11 +15,12 @@ ${c.lanes_row()}
     if (row < n_rows) {
         const long slice = row / C;
         const long r = row - slice * C;
+${sc.slice_base()}
         __global const real_t *xl = x + x_col + lane;
         real_t sum = (real_t)(0);
         const index_t end = slice_ptr[slice + 1];
         for (index_t k = slice_ptr[slice] + (index_t)r; k < end; k += C) {
-            const index_t col = col_idx[k];
+            const index_t col = COL(k);
             if (col >= 0)
                 sum += MUL(values[k], xl[(long)col * ldx]);
         }

@@ -68,6 +68,10 @@ VARIANTS = {
         {"slice_height": 16, "sigma": 16, "mapping": "rows", "threads_per_row": 2,
          "work_group_size": 32},
         {"slice_height": 32, "sigma": "all", "mapping": "slices", "work_group_size": 16},
+        {"slice_height": 8, "sigma": 8, "mapping": "slices", "col_bits": 16,
+         "work_group_size": 16},
+        {"slice_height": 4, "sigma": 32, "mapping": "rows", "threads_per_row": 2,
+         "col_bits": 16, "work_group_size": 16, PROFILE: GPU32},
         {"slice_height": 64, "sigma": "all", "mapping": "rows", "work_group_size": 64},
     ],
     "hyb": [{"ell_width": 0},
@@ -136,7 +140,8 @@ COMPLEX_BLOCK_VARIANTS = {
               PROFILE: _CPU},
              {"slice_height": 2, "sigma": 1, "mapping": "rows", "threads_per_row": 4,
               "work_group_size": 16, PROFILE: _CPU},
-             {"slice_height": 4, "sigma": 8}],
+             {"slice_height": 4, "sigma": 8},
+             {"slice_height": 4, "sigma": 8, "col_bits": 16}],
 }
 
 

@@ -132,7 +132,8 @@ def assert_same_arrays(op, on_host):
     assert op._impl.converting_on_device and not on_host._impl.converting_on_device
     assert set(op._impl.buffers) == set(on_host._impl.buffers)
     for name in on_host._impl.buffers:
-        dtype = np.float32 if name == "values" else on_host._impl.index_dtype
+        dtype = {"values": np.float32, "col_off": np.uint16}.get(name,
+                                                                  on_host._impl.index_dtype)
         np.testing.assert_array_equal(read_back(op, name, dtype),
                                       read_back(on_host, name, dtype), err_msg=name)
 
@@ -146,7 +147,9 @@ def read_back(op, name, dtype):
 
 @pytest.mark.parametrize("params", [{}, {"sigma": 1}, {"sigma": "all", "slice_height": 4},
                                     {"mapping": "rows", "threads_per_row": 2,
-                                     "slice_height": 8, "work_group_size": 64}])
+                                     "slice_height": 8, "work_group_size": 64},
+                                    {"col_bits": 16}, {"col_bits": 16, "sigma": "all"},
+                                    {"col_bits": 16, "mapping": "rows", "slice_height": 8}])
 @pytest.mark.parametrize("case", ["power_law", "empty_rows", "row_length_sweep"])
 def test_sell_converts_on_the_device_to_the_host_conversion_s_arrays(case, params, device,
                                                                        rng):

@@ -12,10 +12,11 @@ from matrix_cases import check_against_scipy, check_all, csr_from_row_lengths
 from matrix_cases import read_back as shared_read_back
 
 import pyspmv_cl as psc
-from pyspmv_cl.errors import IndexOverflowError
+from pyspmv_cl.errors import FormatNotSuitableError, IndexOverflowError
 from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import base as base_module
 from pyspmv_cl.formats.sell import (
+    PAD_OFFSET,
     SLICE_HEIGHTS,
     auto_sigma,
     default_threads_per_row,
@@ -180,9 +181,10 @@ def test_device_layout(device, rng):
                                                   A.data[lo:hi].astype(np.float32))
 
 
+@pytest.mark.parametrize("col_bits", [32, 16])
 @pytest.mark.parametrize("mapping", ["slices", "rows"])
 @with_dtypes
-def test_padding_never_multiplies_x(mapping, dtype, device, rng):
+def test_padding_never_multiplies_x(mapping, col_bits, dtype, device, rng):
     """Padding slots point nowhere: x[0] (read, then discarded, by the slices kernel)
     and every other x entry may be Inf or NaN without leaking into padded rows."""
     skip_without_fp64(device, dtype)
@@ -191,7 +193,7 @@ def test_padding_never_multiplies_x(mapping, dtype, device, rng):
     for C in (4, 8, 32):
         wg = C if mapping == "rows" else 4
         op = psc.SpMV(A, format="sell", dtype=dtype, device=device, slice_height=C,
-                      mapping=mapping, work_group_size=wg, sigma=1)
+                      mapping=mapping, work_group_size=wg, sigma=1, col_bits=col_bits)
         for special in (np.inf, -np.inf, np.nan):
             x = rng.standard_normal(40)
             x[0] = special
@@ -364,3 +366,110 @@ def test_one_parameter_keeps_the_rest_consistent(given, profile, device, rng):
     else:
         assert p["threads_per_row"] == 1
     check_all(op, A, np.float32, rng)
+
+
+# ------------------------------------------------------------------------ col_bits=16
+
+
+@pytest.mark.parametrize("profile", [None, "gpu32"])
+@pytest.mark.parametrize("mapping", ["slices", "rows"])
+@with_dtypes
+def test_16_bit_columns(mapping, profile, dtype, device, rng):
+    """Offsets from each slice's smallest column: products as with 32-bit columns
+    (scipy, poisoned outputs, alpha/beta, device vectors), blocks of vectors (the items
+    kernels, and on a GPU-shaped profile the lanes kernels of complex values), and the
+    footprint of 2 bytes a slot plus one index a slice."""
+    skip_without_fp64(device, dtype)
+    dev = device if profile is None else device.override(**GPU_PROFILES[profile])
+    A = uneven(rng, 700, n=3000)
+    for C, sigma in ((4, 1), (8, "all"), (32, 64)):
+        if mapping == "rows" and C * 2 > dev.max_work_group_size:
+            continue
+        op = psc.SpMV(A, format="sell", dtype=dtype, device=dev, slice_height=C,
+                      sigma=sigma, mapping=mapping, col_bits=16)
+        assert op.params["col_bits"] == 16
+        check_all(op, A, dtype, rng)
+        wide = psc.SpMV(A, format="sell", dtype=dtype, device=dev, slice_height=C,
+                        sigma=sigma, mapping=mapping)
+        slots = op._impl.buffers["col_off"].size // 2
+        assert wide.nbytes - op.nbytes == 2 * slots - 4 * op._impl.n_slices
+        X = rng.standard_normal((A.shape[1], 5))
+        Y = op.matmat(X.astype(dtype), out=poisoned((A.shape[0], 5), dtype))
+        for j in range(5):
+            check_against_scipy(Y[:, j], A, X[:, j], dtype)
+
+
+def test_16_bit_layout(device, rng):
+    """Each slice's base is its smallest column, and base + offset gives back the
+    32-bit layout's columns, padding (0xFFFF) where it has -1."""
+    A = uneven(rng, 203, n=90)
+    for C, sigma in ((4, 1), (8, "all")):
+        narrow = read_back(psc.SpMV(A, format="sell", dtype=np.float32, device=device,
+                                    slice_height=C, sigma=sigma, col_bits=16))
+        wide = read_back(psc.SpMV(A, format="sell", dtype=np.float32, device=device,
+                                  slice_height=C, sigma=sigma))
+        slice_ptr = wide["slice_ptr"]
+        n_slices = slice_ptr.size - 1
+        offsets = shared_read_back_offsets(device, A, C, sigma)
+        base = narrow["col_base"][:n_slices]
+        col = wide["col_idx"]
+        counts = np.diff(slice_ptr)
+        decoded = np.where(offsets == PAD_OFFSET, -1,
+                           np.repeat(base, counts) + offsets.astype(np.int64))
+        np.testing.assert_array_equal(decoded, col)
+        for s in range(n_slices):
+            real = col[slice_ptr[s]:slice_ptr[s + 1]]
+            real = real[real >= 0]
+            assert base[s] == (real.min() if real.size else 0)
+
+
+def shared_read_back_offsets(device, A, C, sigma):
+    op = psc.SpMV(A, format="sell", dtype=np.float32, device=device, slice_height=C,
+                  sigma=sigma, col_bits=16)
+    arrays = shared_read_back(op, types={"col_off": np.uint16})
+    return arrays["col_off"][:int(read_back(op)["slice_ptr"][-1])]
+
+
+def test_16_bit_columns_refuse_a_wide_slice(device, rng):
+    """A slice spanning 0xFFFF columns or more is refused clearly, on the host and on
+    the device (a device CSR converts there); one column less fits."""
+    import pyopencl.array as cla
+    from matrix_cases import random_csr
+
+    n = PAD_OFFSET + 10
+    for span, fits in ((PAD_OFFSET - 1, True), (PAD_OFFSET, False)):
+        A = random_csr(rng, 64, n, 0.0001).tolil()
+        A[3, 5] = 1.0
+        A[3, 5 + span] = 2.0
+        A = A.tocsr()
+        triple = tuple(cla.to_device(device.queue, a) for a in
+                       (A.data.astype(np.float32), A.indices.astype(np.int32),
+                        A.indptr.astype(np.int32)))
+        for source, kwargs in ((A, {}), (triple, {"shape": A.shape})):
+            args = dict(format="sell", dtype=np.float32, device=device, sigma=1,
+                        slice_height=4, col_bits=16, **kwargs)
+            if fits:
+                op = psc.SpMV(source, **args)
+                x = rng.standard_normal(n)
+                check_against_scipy(op @ x, A, x, np.float32)
+            else:
+                with pytest.raises(FormatNotSuitableError, match="col_bits=16"):
+                    psc.SpMV(source, **args)
+
+
+@pytest.mark.parametrize("profile", [None, "gpu32"])
+def test_16_bit_columns_complex(profile, device, rng):
+    """Complex values with 16-bit columns: one vector and a block (the lanes kernel on a
+    GPU-shaped profile), against scipy in complex128."""
+    from conftest import assert_cclose
+    dtype = np.complex128 if device.fp64 else np.complex64
+    dev = device if profile is None else device.override(**GPU_PROFILES[profile])
+    A = uneven(rng, 300, n=2000).astype(np.complex128)
+    A.data = A.data + 1j * rng.standard_normal(A.nnz)
+    op = psc.SpMV(A, format="sell", dtype=dtype, device=dev, col_bits=16)
+    x = rng.standard_normal(2000) + 1j * rng.standard_normal(2000)
+    assert_cclose(op.matvec(x.astype(dtype), out=poisoned(300, dtype)), A @ x, A, x, dtype)
+    X = (rng.standard_normal((2000, 3)) + 1j * rng.standard_normal((2000, 3))).astype(dtype)
+    Y = op.matmat(X, out=poisoned((300, 3), dtype))
+    for j in range(3):
+        assert_cclose(Y[:, j], A @ X[:, j].astype(np.complex128), A, X[:, j], dtype)

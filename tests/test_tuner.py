@@ -304,19 +304,22 @@ def test_csr_vector_adaptive_items_follow_the_value_size(dtype, items):
 
 
 def test_sell_candidates_offer_more_threads_per_row_on_gpus():
-    """GPUs: 2, 4 and 8 work-items per row while rows average >= 3 entries per
-    work-item; the default (1 for this many rows) is not repeated; CPUs: defaults."""
+    """GPUs: 16-bit columns where rows are regular (spread <= 1), then 2, 4 and 8
+    work-items per row while rows average >= 3 entries per work-item; the default (1
+    for this many rows) is not repeated; CPUs: defaults."""
     from pyspmv_cl.formats.sell import SELL
     gpu = DEVICES[0].profile.replace(device_type="gpu", simd_width=32, compute_units=132)
 
-    def candidates(mean, profile=gpu):
-        f = MatrixFeatures(10**6, 10**6, int(mean * 10**6), mean, 300, 1.5, 0)
+    def candidates(mean, profile=gpu, spread=0.1):
+        f = MatrixFeatures(10**6, 10**6, int(mean * 10**6), mean, 300, spread * mean, 0)
         return SELL.tuning_candidates(f, profile, np.float32)
 
-    assert candidates(14.5) == [{}, {"threads_per_row": 2}, {"threads_per_row": 4}]
-    assert candidates(30.0) == [{}, {"threads_per_row": 2}, {"threads_per_row": 4},
+    narrow = {"col_bits": 16}
+    assert candidates(14.5) == [{}, narrow, {"threads_per_row": 2}, {"threads_per_row": 4}]
+    assert candidates(30.0) == [{}, narrow, {"threads_per_row": 2}, {"threads_per_row": 4},
                                 {"threads_per_row": 8}]
-    assert candidates(5.0) == [{}]
+    assert candidates(5.0) == [{}, narrow]
+    assert candidates(5.0, spread=1.5) == [{}]
     cpu = DEVICES[0].profile.replace(device_type="cpu")
     assert candidates(30.0, cpu) == [{}]
 

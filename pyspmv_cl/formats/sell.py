@@ -9,6 +9,12 @@ kernel writes ``y[perm[row]]`` directly, so the permutation costs no extra pass.
 Padding slots hold column -1 and are skipped, never multiplied with x (0 * Inf would
 be NaN where scipy gives a number).
 
+``col_bits=16`` stores each column as a 16-bit offset from its slice's smallest column
+(``col_base``, one index per slice; 0xFFFF marks padding), for slices spanning fewer
+than 65535 columns (banded, finite-element and reordered matrices): 2 bytes a slot
+instead of 4, a quarter of float32's traffic.  A matrix with a wider slice is refused
+(``FormatNotSuitableError``).
+
 Two work mappings, both rendered into the kernel:
 
 * ``mapping="rows"`` (GPUs): ``threads_per_row`` (T) work-items per row, C*T per
@@ -24,7 +30,7 @@ import numpy as np
 import pyopencl.array as cla
 
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
-from ..errors import IndexOverflowError, InvalidParameterError
+from ..errors import FormatNotSuitableError, IndexOverflowError, InvalidParameterError
 from . import params as P
 from .base import (
     BLOCK_WIDTHS,
@@ -44,6 +50,30 @@ THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64)
 MAPPINGS = ("rows", "slices")
 # Work-items per group of the conversion kernel (one per row).
 SCATTER_GROUP = 64
+COL_BITS = (16, 32)
+# Row spread (std/mean of the row lengths) up to which the tuner tries col_bits=16.
+REGULAR_SPREAD = 1.0
+# col_bits=16: the offset marking a padding slot, and so one past the widest span.
+PAD_OFFSET = 0xFFFF
+
+
+def compress_columns(col_idx, slice_ptr):
+    """``(col_base, col_off)`` of ``col_idx`` (padding -1) in slices ``slice_ptr``: each
+    slice's smallest column and the uint16 offsets from it (PAD_OFFSET for padding), or
+    None when a slice spans PAD_OFFSET columns or more."""
+    counts = np.diff(slice_ptr)
+    filled = counts > 0
+    starts = slice_ptr[:-1][filled]
+    real = col_idx >= 0
+    base = np.zeros(counts.size, dtype=np.int64)
+    if starts.size:   # a slice of width > 0 holds at least one real entry
+        low = np.minimum.reduceat(np.where(real, col_idx, np.iinfo(np.int64).max), starts)
+        high = np.maximum.reduceat(col_idx, starts)
+        if np.any(high - low >= PAD_OFFSET):
+            return None
+        base[filled] = low
+    offsets = col_idx - np.repeat(base, counts)
+    return base, np.where(real, offsets, PAD_OFFSET).astype(np.uint16)
 
 # sigma="auto": the smallest window (1, then LADDER_STEP**k * C rows, then the whole
 # matrix) whose padding is within AUTO_SIGMA_SLACK of the whole-matrix sort's.  Small
@@ -156,6 +186,9 @@ class SELL(LanesBlocks, SpMVFormat):
                 "'rows' (work-items per row, GPUs) or 'slices' (a work-item per slice, CPUs)"),
         P.Param("threads_per_row", P.one_of(*THREADS_PER_ROW),
                 "work-items per row (mapping='rows')"),
+        P.Param("col_bits", P.one_of(*COL_BITS),
+                "bits of a stored column: 16 = an offset from the slice's smallest column "
+                "(slices spanning under 65535 columns)"),
         P.work_group_size(),
     )
 
@@ -171,14 +204,14 @@ class SELL(LanesBlocks, SpMVFormat):
             # 64 slices per group: PoCL runs a group as one loop on one thread, which
             # then streams 64 * C consecutive rows of the arrays.
             return {"slice_height": C, "sigma": "auto", "mapping": "slices",
-                    "threads_per_row": 1,
+                    "threads_per_row": 1, "col_bits": 32,
                     "work_group_size": min(64, profile.max_work_group_size)}
         T = default_threads_per_row(features, profile, C)
         wg = max(128, C * T)  # a few warps per group, at least one slice
         if wg > profile.max_work_group_size:
             wg = C * T
         return {"slice_height": C, "sigma": "auto", "mapping": "rows",
-                "threads_per_row": T, "work_group_size": wg}
+                "threads_per_row": T, "col_bits": 32, "work_group_size": wg}
 
     @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):
@@ -189,8 +222,14 @@ class SELL(LanesBlocks, SpMVFormat):
         if not profile.is_gpu:
             return [{}]
         T = cls.default_params(features, profile, dtype)["threads_per_row"]
-        return [{}] + [{"threads_per_row": t} for t in (2, 4, 8)
-                       if t != T and features.mean_row_length >= 3 * t]
+        # 16-bit columns where rows are regular: on an H200 (x83-x305 replicas, 20M
+        # non-zeros) they ran 3-8% faster on cage10, szdMat, wathenSmall and fe_4elt2
+        # (row spread 0.15-0.30), equal on bayer10 and gemat12, and 10-30% slower on
+        # astro-ph and Groebner_id2003_aug (1.45, 2.78), where csr-vector wins anyway.
+        # A matrix whose slices span too many columns refuses it (the tuner skips it).
+        narrow = [{"col_bits": 16}] if features.row_spread <= REGULAR_SPREAD else []
+        return [{}] + narrow + [{"threads_per_row": t} for t in (2, 4, 8)
+                                if t != T and features.mean_row_length >= 3 * t]
 
     @classmethod
     def estimate_cost(cls, features, profile, dtype):
@@ -276,12 +315,13 @@ class SELL(LanesBlocks, SpMVFormat):
         p = self.params
         return {"slice_height": p["slice_height"], "mapping": p["mapping"],
                 "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm,
-                "device_conversion": self.converting_on_device}
+                "col_bits": p["col_bits"], "device_conversion": self.converting_on_device}
 
     def _matrix_args(self):
+        columns = ((matrix("col_base", "index_t"), matrix("col_off", "ushort"))
+                   if self.params["col_bits"] == 16 else (matrix("col_idx", "index_t"),))
         args = (scalar("n_rows", "long"), scalar("n_slices", "long"),
-                matrix("slice_ptr", "index_t"), matrix("col_idx", "index_t"),
-                matrix("values", "real_t"))
+                matrix("slice_ptr", "index_t"), *columns, matrix("values", "real_t"))
         if self._has_perm:
             args += (matrix("perm", "index_t"),)
         return args
@@ -303,6 +343,13 @@ class SELL(LanesBlocks, SpMVFormat):
                 *((scratch("position_in", "index_t", read_only=True),)
                   if self._has_perm else ()),
                 scratch("col_idx_out", "index_t"), scratch("values_out", "real_t"))))
+            if self.params["col_bits"] == 16:
+                specs.append(KernelSpec("sell_compress", (
+                    scalar("n_slices", "long"),
+                    scratch("slice_ptr_in", "index_t", read_only=True),
+                    scratch("col_idx_in", "index_t", read_only=True),
+                    scratch("col_base_out", "index_t"), scratch("col_off_out", "ushort"),
+                    scratch("too_wide", "int"))))
         return specs
 
     def local_bytes(self, work_group_size):
@@ -345,8 +392,25 @@ class SELL(LanesBlocks, SpMVFormat):
         values = np.zeros(int(slice_ptr[-1]), dtype=self.dtype)
         col_idx[slot] = csr.indices
         values[slot] = csr.data
-        return {**self._layout_arrays(perm, slice_ptr), "col_idx": col_idx,
+        return {**self._layout_arrays(perm, slice_ptr), **self._columns(col_idx, slice_ptr),
                 "values": values}
+
+    def _columns(self, col_idx, slice_ptr):
+        """The column arrays: ``col_idx`` as it is, or with col_bits=16 its base per
+        slice and 16-bit offsets (refused for a slice spanning 65535 columns or more)."""
+        if self.params["col_bits"] != 16:
+            return {"col_idx": col_idx}
+        compressed = compress_columns(col_idx.astype(np.int64), slice_ptr)
+        if compressed is None:
+            raise self._too_wide()
+        base, offsets = compressed
+        return {"col_base": base.astype(self.index_dtype), "col_off": offsets}
+
+    def _too_wide(self):
+        return FormatNotSuitableError(
+            f"sell: col_bits=16 needs every slice's columns within {PAD_OFFSET - 1} of its "
+            "smallest one, and a slice of this matrix spans more: use col_bits=32 (the "
+            "default), or a smaller slice_height or sigma")
 
     def convert_device(self, csr):
         """The same arrays made on the device from a CSR there: the sort and the slice
@@ -382,8 +446,33 @@ class SELL(LanesBlocks, SpMVFormat):
                 csr_values=csr.as_type("data", self.dtype, queue).base_data,
                 slice_ptr_in=arrays["slice_ptr"].base_data, **where,
                 col_idx_out=col_idx.base_data, values_out=values.base_data))
+        if self.params["col_bits"] == 16:
+            return {**arrays, **self._compress_device(col_idx, arrays["slice_ptr"], steps),
+                    "values": values}
         self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
+
+    def _compress_device(self, col_idx, slice_ptr, steps):
+        """col_bits=16 on the device: ``sell_compress`` (a work-item per slice) finds
+        each slice's smallest column and writes the offsets, flagging a slice too wide;
+        the flag, one int, is the only thing read back."""
+        queue = self.device.queue
+        base = cla.empty(queue, max(1, self.n_slices), self.index_dtype)
+        offsets = cla.empty(queue, max(1, col_idx.size), np.uint16)
+        too_wide = cla.zeros(queue, 1, np.int32)
+        if self.n_slices:
+            wg = min(SCATTER_GROUP, self.profile.max_work_group_size)
+            steps.append(self.step("sell_compress", round_up(self.n_slices, wg), wg,
+                                   n_slices=self.n_slices,
+                                   slice_ptr_in=slice_ptr.base_data,
+                                   col_idx_in=col_idx.base_data,
+                                   col_base_out=base.base_data,
+                                   col_off_out=offsets.base_data,
+                                   too_wide=too_wide.base_data))
+        self.run_now(queue, steps)
+        if too_wide.get()[0]:
+            raise self._too_wide()
+        return {"col_base": base, "col_off": offsets}
 
     # -- block kernels: sell_block.mako (real, both mappings), lanes (complex) -----------
     lanes_template = "sell_lanes_block.mako"

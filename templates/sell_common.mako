@@ -1,0 +1,19 @@
+## sell's column reads, shared by its kernels (sell, sell_block, sell_lanes_block).
+## col_bits=16: a slot holds a 16-bit offset from its slice's smallest column
+## (col_base), 0xFFFF marking padding; col_bits=32: the column itself, -1 for padding.
+## COL(k) is the column of slot k (-1 for padding) of the slice whose slice_base() ran.
+
+<%def name="columns()">\
+% if col_bits == 16:
+#define COL(k) (col_off[k] == (ushort)0xFFFF ? (index_t)(-1) : col_base_s + (index_t)col_off[k])
+% else:
+#define COL(k) (col_idx[k])
+% endif
+</%def>
+
+## The current slice's base, read once (slice must be a valid slice here).
+<%def name="slice_base()">\
+% if col_bits == 16:
+        const index_t col_base_s = col_base[slice];
+% endif
+</%def>
