@@ -7,7 +7,6 @@ import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 
-from . import codegen
 from .adjoint import (
     TransposedCopy,
     TransposedView,
@@ -16,7 +15,6 @@ from .adjoint import (
     linear_operator,
     rmatmul,
 )
-from .cache import get_program
 from .device import get_device
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import (
@@ -29,10 +27,11 @@ from .errors import (
 from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
+from .formats.columns import ColumnCopy, columns_product
 from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, wait_and_read
 from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
-from .launching import in_order, launch_kernel
+from .launching import in_order
 from .tuning.tuner import select
 
 
@@ -563,39 +562,20 @@ class SpMV:
     def _device_columns(self, x_buf, y_buf, k, alpha, beta, wait_for):
         """A device block product for a format without block kernels: per column, a
         strided copy of column j of the row-major X into a vector, one product, and a
-        copy of the result into column j of Y (a small kernel rather than
-        clEnqueueCopyBufferRect, whose writes Oclgrind does not see as initialising)."""
+        copy of the result into column j of Y (``formats/columns.py``, which the tuner
+        times too)."""
         m, n = self.shape
         xs, ys = self._block_staging("x_column", n), self._block_staging("y_column", m)
         if self._column_copy is None:
-            source = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                      if needs_fp64(self.dtype) and codegen.needs_fp64_pragma(
-                          self.device.profile.opencl_c_version) else "")
-            source += f"typedef {codegen.c_type(self.dtype)} real_t;\n"
-            program = get_program(self.device.context, self.device.cl_device,
-                                  source + codegen.helper("strided_copy.cl"))
-            self._column_copy = program.all_kernels()[0]
-        kernel, event = self._column_copy, None
-        group = min(64, self.device.profile.max_work_group_size)
-        i64 = np.int64
+            self._column_copy = ColumnCopy(self.device, self.dtype)
 
-        def copy(dest, dest_stride, dest_offset, src, src_stride, src_offset, count, waits):
-            kernel.set_args(src, i64(src_stride), i64(src_offset), dest, i64(dest_stride),
-                            i64(dest_offset), i64(count))
-            return launch_kernel(self.queue, kernel, -(-count // group) * group, group,
-                                 wait_for=waits or None)
+        def product(x_column, y_column, waits):
+            return self._launch(x_column, y_column, alpha, beta, wait_for=waits)
 
-        for j in range(k):
-            waits = self._after_previous(list(wait_for or ()) if event is None else [event])
-            copies = []
-            if n:
-                copies.append(copy(xs, 1, 0, x_buf, k, j, n, waits))
-            if beta != 0:
-                copies.append(copy(ys, 1, 0, y_buf, k, j, m, waits))
-            event = self._launch(xs, ys, alpha, beta, wait_for=copies or waits)
-            event = copy(y_buf, k, j, ys, 1, 0, m, [event])
-            if not self._queue_in_order:
-                self._previous = event
+        event = columns_product(self._column_copy, self.queue, product, x_buf, y_buf, xs,
+                                ys, self.shape, k, beta, self._after_previous(wait_for))
+        if not self._queue_in_order:
+            self._previous = event
         return event
 
     def _matvec_host(self, x, out, alpha, beta):

@@ -40,6 +40,7 @@ from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
 from ..formats import FORMATS
 from ..formats.base import conversion_is_cheap, instantiate
+from ..formats.columns import ColumnCopy, columns_product
 from ..launching import launches_seconds
 from . import database, online
 from .heuristics import choose_format
@@ -163,6 +164,13 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_si
 class _Bench:
     """Vectors and a reference product shared by every candidate of one tuning run.
 
+    With ``block_size`` k > 1 every product is one of k different vectors, run as the
+    operator runs it on device arrays: the format's block kernels on a row-major
+    ``n x k`` block, or, for a format without them, column by column
+    (``formats/columns.py``: a strided copy of each column into a vector, one product,
+    a copy of the result back), so a candidate's time is that of a block product and
+    its result, all k columns, is checked against scipy's ``A @ X``.
+
     The reference is scipy's product in float64 (computed at the first check), or,
     after ``use_reference(impl)``, a trusted candidate's own result: an online tuning
     checks candidates against the format the operator already runs, which saves a
@@ -170,26 +178,22 @@ class _Bench:
 
     def __init__(self, csr, device, dtype, queue=None, block_size=1):
         self.queue = queue or device.profiling_queue
-        self.block_size = block_size
+        self.device = device
+        self.block_size = k = int(block_size)
         self.dtype = np.dtype(dtype)
         m, n = csr.shape
         rng = np.random.default_rng(0)
-        self.x = rng.uniform(-1.0, 1.0, n)
+        self.x = rng.uniform(-1.0, 1.0, n if k == 1 else (n, k))   # row-major for k > 1
         self.csr = csr
         self.y_ref = self.scale = None
         mf = cl.mem_flags
         self.x_buf = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
                                hostbuf=np.ascontiguousarray(self.x, dtype=self.dtype)
                                if n else np.zeros(1, self.dtype))
-        self.y_buf = cl.Buffer(device.context, mf.READ_WRITE, max(1, m) * self.dtype.itemsize)
-        self.m = m
-        if block_size > 1:   # row-major blocks of k vectors, as products of blocks take
-            k = block_size
-            X = np.repeat(np.asarray(self.x, dtype=self.dtype)[:, None], k, axis=1)
-            self.X_buf = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                   hostbuf=X if X.size else np.zeros(1, self.dtype))
-            self.Y_buf = cl.Buffer(device.context, mf.READ_WRITE,
-                                   max(1, m * k) * self.dtype.itemsize)
+        self.y_buf = cl.Buffer(device.context, mf.READ_WRITE,
+                               max(1, m * k) * self.dtype.itemsize)
+        self.m, self.n = m, n
+        self._columns = None   # (ColumnCopy, x column, y column) of the column path
 
     def _scipy_reference(self):
         A64 = self.csr.astype(np.complex128 if self.dtype.kind == "c" else np.float64)
@@ -204,24 +208,45 @@ class _Bench:
         finite = np.isfinite(self.y_ref)
         self.scale = float(np.max(np.abs(self.y_ref[finite]), initial=0.0)) or 1.0
 
+    @staticmethod
+    def path(impl, k):
+        """How a product of ``k`` vectors runs on ``impl`` (a record's ``"product"``)."""
+        if k == 1:
+            return "vector"
+        return "block kernels" if impl.has_block_kernels else "column by column"
+
+    def enqueue(self, impl):
+        """One product on ``impl``: of the vector, or of the bench's k vectors (block
+        kernels, else column by column); returns its last event."""
+        k = self.block_size
+        if k == 1:
+            return impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
+        if impl.has_block_kernels:
+            return impl.enqueue_block(self.queue, self.x_buf, self.y_buf, k, k, k, 1.0, 0.0)
+        if self._columns is None:
+            mf, size = cl.mem_flags, self.dtype.itemsize
+            self._columns = (ColumnCopy(self.device, self.dtype),
+                             cl.Buffer(self.device.context, mf.READ_WRITE, max(1, self.n) * size),
+                             cl.Buffer(self.device.context, mf.READ_WRITE, max(1, self.m) * size))
+        copy, x_column, y_column = self._columns
+
+        def product(x, y, waits):
+            return impl.enqueue(self.queue, x, y, 1.0, 0.0, wait_for=waits or None)
+
+        return columns_product(copy, self.queue, product, self.x_buf, self.y_buf, x_column,
+                               y_column, (self.m, self.n), k, 0.0)
+
     def _product(self, impl):
-        event = impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0)
-        y = np.empty(self.m, self.dtype)
+        event = self.enqueue(impl)
+        y = np.empty(self.m if self.block_size == 1 else (self.m, self.block_size),
+                     self.dtype)
         cl.enqueue_copy(self.queue, y, self.y_buf, wait_for=[event], is_blocking=True)
         return y
 
     def launch_seconds(self, impl):
-        """One product: of a vector, or of ``block_size`` vectors (the block kernels;
-        without them one product per vector, as the operator's column loop)."""
-        k = self.block_size
-        if k == 1:
-            return launches_seconds(
-                lambda: impl.enqueue(self.queue, self.x_buf, self.y_buf, 1.0, 0.0))
-        if impl.has_block_kernels:
-            return launches_seconds(lambda: impl.enqueue_block(
-                self.queue, self.X_buf, self.Y_buf, k, k, k, 1.0, 0.0))
-        return launches_seconds(lambda: [impl.enqueue(self.queue, self.x_buf, self.y_buf,
-                                                      1.0, 0.0) for _ in range(k)])
+        """Device seconds of one product (``enqueue``), copies of the column path
+        included."""
+        return launches_seconds(lambda: self.enqueue(impl))
 
     def error(self, impl):
         """Relative error of this candidate's product (inf for NaN)."""
@@ -284,7 +309,9 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     first, so that a gain comes early, and every candidate is checked against the first
     included one's product (the format the caller runs) instead of scipy's.
 
-    ``block_size`` > 1 times products of that many vectors (see ``_Bench``)."""
+    ``block_size`` > 1 times products of that many vectors (see ``_Bench``): kernel
+    seconds are per block product, and each record says how it ran (``"product"``:
+    ``"block kernels"`` or ``"column by column"``)."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -349,6 +376,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         rec = {"format": name, "params": _plain(params),
                "kernel_seconds": statistics.median(samples),
                "conversion_seconds": conversion, "alternative": alternative,
+               **({"product": bench.path(impl, block_size)} if block_size > 1 else {}),
                "resolved": {k: v for k, v in impl.params.items()
                             if isinstance(v, (int, float, str, bool, type(None)))}}
         results.append(rec)
@@ -443,6 +471,8 @@ def _describe(entry, chosen, expected_calls, how):
         for c in group:
             label = c["format"] + (f"{c['params']}" if c.get("alternative") else "")
             text = f"{label} {_us(c['kernel_seconds'])}"
+            if c.get("product") == "column by column":
+                text += " by column"
             if expected_calls:
                 text += f" +conv {_us(c['conversion_seconds'])}"
             parts.append(text)
