@@ -8,7 +8,7 @@ each tuning well under a second on PoCL."""
 import numpy as np
 import pyopencl.array as cla
 import pytest
-from conftest import DEVICES, assert_close, reference
+from conftest import DEVICES, assert_cclose, assert_close, reference
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench import generators
@@ -136,3 +136,128 @@ def test_block_products_right_after_tuning_for_k(k, rng):
         check_block(op, A, j, rng)
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
+
+
+# -- the model and the rules ------------------------------------------------------------
+
+def gpu_device():
+    """The test device with a GPU profile (the lanes kernels, csr-vector's adaptive
+    mapping, the GPU rules); its kernels still run on the device."""
+    return DEVICES[0].override(device_type="gpu")
+
+
+def skewed(rng):
+    """Short rows and one of 5000 entries: the GPU rules' coo (skewed rows)."""
+    import scipy.sparse as sp
+    A = sp.random(6000, 6000, density=3 / 6000, format="lil", random_state=rng.integers(2**31))
+    A[0, :5000] = 1.0
+    return random_values(A, rng)
+
+
+BLOCK_VARIANTS = [
+    ("csr-scalar", {}), ("csr-scalar", {"block_mapping": "items"}),
+    ("csr-scalar", {"block_mapping": "lanes"}),
+    ("csr-vector", {"mapping": "rows"}), ("csr-vector", {"mapping": "adaptive"}),
+    ("csr-vector", {"mapping": "adaptive", "block_mapping": "items"}),
+    ("csr-vector", {"mapping": "adaptive", "block_mapping": "lanes"}),
+    ("ell", {}), ("sell", {}), ("sell", {"mapping": "slices", "slice_height": 8}),
+    ("coo", {}), ("dia", {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_block_widths_known_before_building(on_gpu, dtype, rng):
+    """``block_widths_for`` (the tuner's and the rules' view, nothing built) agrees
+    with the built operator's ``supported_block_widths`` for every block format, the
+    lanes and the items kernels, csr-vector's mappings, real and complex values; and
+    the operator multiplies blocks right."""
+    device = gpu_device() if on_gpu else DEVICES[0]
+    A = random_values(generators.banded(300, 2), rng)
+    X = rng.standard_normal((300, 5))
+    if np.dtype(dtype).kind == "c":
+        A = A + 1j * random_values(A, rng)
+        X = X + 1j * rng.standard_normal(X.shape)
+    f = MatrixFeatures.from_csr(A)
+    seen = set()
+    for name, params in BLOCK_VARIANTS:
+        op = psc.SpMV(A, name, dtype=dtype, device=device, **params)
+        predicted = FORMATS[name].block_widths_for(f, device.profile, dtype, params)
+        assert predicted == op._impl.supported_block_widths(), (name, params)
+        assert (1 in predicted) == op.has_block_kernels
+        seen.add(op.has_block_kernels)
+        assert_cclose(op @ X, A.astype(np.complex128) @ X, A, X, dtype)
+    assert seen == {True, False}
+    assert FORMATS["csr-vector"].block_widths_for(f, device.profile, dtype,
+                                                  {"mapping": "nonsense"}) == ()
+
+
+def test_passes_and_ranking_for_k():
+    cpu, gpu = DEVICES[0].profile, gpu_device().profile
+    stencil = generators.poisson2d(100).tocsr()
+    f = MatrixFeatures.from_csr(stencil).with_diagonals(stencil)
+    passes = tuner.block_passes
+    assert passes(FORMATS["sell"], f, gpu, np.float32, {}, 33) == 3      # 16, 16, 1
+    assert passes(FORMATS["sell"], f, gpu, np.complex64, {}, 33) == 2    # lanes: 32, 1
+    assert passes(FORMATS["sell"], f, cpu, np.complex64, {}, 33) == 5    # 8, 8, 8, 8, 1
+    assert passes(FORMATS["coo"], f, gpu, np.float32, {}, 33) == 33
+    assert passes(FORMATS["csr-vector"], f, gpu, np.float32,
+                  {"mapping": "adaptive", "block_mapping": "items"}, 33) == 33
+    assert passes(FORMATS["csr-vector"], f, gpu, np.float32, {"mapping": "adaptive"}, 33) == 2
+    assert passes(FORMATS["coo"], f, gpu, np.float32, {}, 1) == 1
+    for profile in (cpu, gpu):
+        order, _ = tuner.rank_candidates(f, profile, np.float32, dict(FORMATS), "sell",
+                                         block_size=16)
+        blocks = [1 in FORMATS[n].block_widths_for(f, profile, np.float32, p[0])
+                  for n, p in order]
+        assert any(blocks) and not all(blocks)
+        assert blocks == sorted(blocks, reverse=True)   # every block format first
+    # A caller's block_mapping="items" on a GPU: csr-vector's row mapping (block
+    # kernels) is timed first, the adaptive one (none with items) after it.
+    order, _ = tuner.rank_candidates(f, gpu, np.float32, dict(FORMATS), "sell",
+                                     block_size=16, user_params={"block_mapping": "items"})
+    first = dict(order)["csr-vector"][0]
+    assert first["mapping"] == "rows"
+    order, _ = tuner.rank_candidates(f, gpu, np.float32, dict(FORMATS), "sell")
+    assert dict(order)["csr-vector"][0]["mapping"] == "adaptive"   # k = 1: as before
+
+
+def test_rules_choose_block_kernels_for_k(rng):
+    """GPU rules: dia (stencil) becomes sell and coo (skewed rows) csr-vector for
+    k > 1, since neither has block kernels; k = 1 keeps them.  The operators chosen
+    multiply blocks right."""
+    device = gpu_device()
+    stencil = random_values(generators.poisson2d(40), rng)
+    cases = [(stencil, "dia", "sell"), (skewed(rng), "coo", "csr-vector")]
+    for A, single, block in cases:
+        one = psc.SpMV(A, dtype=DTYPE, device=device, tune=False)
+        assert one.format == single and one.tuning.block_size == 1
+        op = psc.SpMV(A, dtype=DTYPE, device=device, tune=False, block_size=16)
+        assert op.format == block and op.has_block_kernels
+        assert "for products of 16 vectors" in op.explanation
+        assert f"{single} has no block kernels" in op.explanation
+        check_block(op, A, 16, rng)
+    # The caller's items kernels with csr-vector's adaptive default: the row mapping.
+    A = random_values(generators.random_uniform(3000, 3000, 40, seed=1), rng)
+    f = MatrixFeatures.from_csr(A)
+    assert FORMATS["csr-vector"].resolve_params(f, device.profile, DTYPE, {})[
+        "mapping"] == "adaptive"
+    op = psc.SpMV(A, dtype=DTYPE, device=device, tune=False, block_size=8,
+                  block_mapping="items")
+    assert op.format == "csr-vector" and op.params["mapping"] == "rows"
+    assert op.has_block_kernels
+    check_block(op, A, 8, rng)
+    op = psc.SpMV(A, dtype=DTYPE, device=device, tune=False, block_mapping="items")
+    assert op.params["mapping"] == "adaptive" and not op.has_block_kernels   # k = 1
+
+
+def test_measuring_pays_sooner_for_k():
+    """expected_calls repays the budget as if each product cost k single ones."""
+    A = generators.random_uniform(3000, 3000, 10, seed=2)
+    f = MatrixFeatures.from_csr(A.tocsr())
+    profile = DEVICES[0].profile.replace(device_type="cpu")
+    calls = 50_000   # 13-20 us a single product at the CPU model's 20 GB/s: 0.2-0.3 s
+    worth1, why = tuner._worth_measuring(f, profile, DTYPE, calls, 1.0)
+    worth16, _ = tuner._worth_measuring(f, profile, DTYPE, calls, 1.0, 16)
+    assert not worth1 and "would not repay" in why
+    assert worth16

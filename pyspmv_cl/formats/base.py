@@ -145,6 +145,18 @@ def max_block_width(dtype) -> int:
     return 8 if np.dtype(dtype).kind == "c" else 16
 
 
+def plan_blocks(k: int, widths) -> list[tuple[int, int]]:
+    """``(first column, width)`` of each block covering ``k`` vectors: the widest of
+    ``widths`` (1 among them) that fits, again and again (33 -> 16, 16, 1)."""
+    widths = sorted(widths, reverse=True)
+    plan, col = [], 0
+    while col < k:
+        kb = next(w for w in widths if w <= k - col)
+        plan.append((col, kb))
+        col += kb
+    return plan
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
@@ -353,7 +365,9 @@ class SpMVFormat:
         """The block widths this operator can use: ``block_widths`` less those wider
         than ``max_block_width`` (16; 8 for complex values) and those whose local
         memory (``block_local_bytes``) the device lacks, or () when the
-        parameters rule block kernels out (override to say so)."""
+        parameters rule block kernels out (override to say so).  It reads only
+        ``params``, ``dtype`` and ``profile``: ``block_widths_for`` asks it before
+        anything is built."""
         wg = self.params.get("work_group_size", 1)
         return tuple(kb for kb in self.block_widths
                      if kb <= max_block_width(self.dtype)
@@ -390,16 +404,28 @@ class SpMVFormat:
         added by the driver."""
         raise NotImplementedError
 
+    @classmethod
+    def block_widths_for(cls, features: MatrixFeatures, profile, dtype, given: dict) -> tuple:
+        """The block widths an operator of this format built with the parameters
+        ``given`` (resolved as for building) would use, known before anything is built
+        (the tuner's ranking, the rules and online tuning ask it): its
+        ``supported_block_widths`` on a bare instance holding only the resolved
+        parameters, the value type and the device profile.  () without block kernels,
+        and for parameters the build would refuse."""
+        if not cls.block_widths:
+            return ()
+        try:
+            params = cls.resolve_params(features, profile, dtype, dict(given or {}))
+        except (TypeError, ValueError):   # the build will say why
+            return ()
+        probe = object.__new__(cls)
+        probe.profile, probe.dtype, probe.params = profile, np.dtype(dtype), params
+        return tuple(probe.supported_block_widths())
+
     def block_plan(self, k: int) -> list[tuple[int, int]]:
         """``(first column, width)`` of each block covering ``k`` vectors: the widest
         supported width that fits, again and again (33 -> 16, 16, 1)."""
-        widths = sorted(self.supported_block_widths(), reverse=True)
-        plan, col = [], 0
-        while col < k:
-            kb = next(w for w in widths if w <= k - col)
-            plan.append((col, kb))
-            col += kb
-        return plan
+        return plan_blocks(k, self.supported_block_widths())
 
     def _block(self, kb: int):
         """(kernels, specs, work-group size) of the width-``kb`` block kernels, built on

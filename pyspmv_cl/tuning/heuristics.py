@@ -20,6 +20,13 @@ slice holding the longest row would be a large share of a thread's work; then
 
 Complex values: the same rules among the formats that take them (``complex_values``);
 a choice that does not (csr5, bccoo) becomes ``csr-vector``.
+
+Block products (``block_size`` k > 1): a format without block kernels reads the matrix
+once per vector, so ``dia`` becomes ``sell`` (regular rows) and ``coo`` becomes
+``csr-vector`` (a group of work-items per row absorbs the long rows); ``block_params``
+then gives the choice parameters with block kernels where its defaults (with the
+caller's parameters) have none (csr-vector's row mapping when the caller asked for
+``block_mapping="items"`` on a GPU, whose default mapping may be the adaptive one).
 """
 
 import numpy as np
@@ -35,13 +42,41 @@ SKEWED_ROW_MIN = 4096       # ... and at least this long
 CPU_SLICE_SHARE = 1.0       # C * longest row / (nnz per compute unit)
 
 
-def choose_format(features, profile, dtype):
-    """Return (format name, explanation)."""
+#: For block products: a choice without block kernels -> (format, why) with them.
+BLOCK_SUBSTITUTES = {
+    "dia": ("sell", "sell's block kernels read it once per block of vectors"),
+    "coo": ("csr-vector", "csr-vector (a group of work-items per row) has block kernels"),
+}
+
+
+def choose_format(features, profile, dtype, block_size=1):
+    """Return (format name, explanation), for products of ``block_size`` vectors."""
     name, why = _choose_format(features, profile, dtype)
     if np.dtype(dtype).kind == "c" and not FORMATS[name].complex_values:
-        return ("csr-vector", f"{why}; {name} takes no complex values: csr-vector, a "
-                              "group of work-items per row, instead")
+        name, why = ("csr-vector", f"{why}; {name} takes no complex values: csr-vector, a "
+                                   "group of work-items per row, instead")
+    if block_size > 1 and name in BLOCK_SUBSTITUTES and not FORMATS[name].block_widths:
+        substitute, because = BLOCK_SUBSTITUTES[name]
+        name, why = substitute, (f"{why}; but {name} has no block kernels and would read "
+                                 f"the matrix {block_size} times: {because}")
     return name, why
+
+
+def block_params(name, features, profile, dtype, block_size, given=None):
+    """Parameters to add to the rules' choice ``name`` so that products of
+    ``block_size`` vectors run on block kernels where its defaults with the caller's
+    parameters ``given`` would not: the first of its tuning candidates that has them
+    and keeps ``given`` ({} when none does, or none is needed)."""
+    cls, given = FORMATS[name], dict(given or {})
+    if block_size == 1 or not cls.block_widths or \
+            1 in cls.block_widths_for(features, profile, dtype, given):
+        return {}
+    for params in cls.tuning_candidates(features, profile, dtype):
+        if any(k in given and given[k] != v for k, v in params.items()):
+            continue   # the caller's own parameters stand
+        if 1 in cls.block_widths_for(features, profile, dtype, {**given, **params}):
+            return dict(params)
+    return {}
 
 
 def _choose_format(features, profile, dtype):

@@ -16,6 +16,12 @@
    stored in the tuning database (database.py), so the same matrix on the same
    device is decided again without timing, in any process.
 
+Block products (``block_size=k`` > 1): every candidate is timed on products of k
+vectors as the operator runs them (``_Bench``: block kernels, else column by column),
+the ranking counts the passes over the matrix (``block_passes``), the rules choose
+formats with block kernels (heuristics.py), and the decision is stored under k's class
+(``block_class``), apart from single-vector decisions.
+
 Policies (``tune=``): ``None``/``"auto"`` uses a stored decision, else, when measuring
 pays (``nnz >= MEASURE_MIN_NNZ``), tunes online (starts on a CSR kernel at once and
 measures in the background: online.py) -- or measures now when ``expected_calls`` is
@@ -39,11 +45,11 @@ from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
 from ..formats import FORMATS
-from ..formats.base import conversion_is_cheap, instantiate
+from ..formats.base import conversion_is_cheap, instantiate, plan_blocks
 from ..formats.columns import ColumnCopy, columns_product
 from ..launching import launches_seconds
 from . import database, online
-from .heuristics import choose_format
+from .heuristics import block_params, choose_format
 
 TUNE_ENV = "PYSPMV_CL_TUNE"
 BUDGET_ENV = "PYSPMV_CL_TUNE_BUDGET"
@@ -131,10 +137,25 @@ def _us(seconds):
 
 # -- cheap models -----------------------------------------------------------------------
 
-def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_size=1):
-    """([(format, params)] in the order to time them, [(format, why skipped)]).  For
-    products of ``block_size`` > 1 vectors, a format without block kernels reads the
-    matrix once per vector: its estimate is multiplied by the count."""
+def block_passes(cls, f, profile, dtype, params, k):
+    """Passes over the matrix of one product of ``k`` vectors as the ranking models
+    it: one per block of the widths ``params`` give the format's block kernels (16,
+    8, 4, 2, 1: 3 for k = 33; widths to 32 for the lanes kernels), k without them
+    (one product per column)."""
+    widths = cls.block_widths_for(f, profile, dtype, params) if k > 1 else ()
+    return len(plan_blocks(k, widths)) if 1 in widths else k
+
+
+def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_size=1,
+                    user_params=None):
+    """([(format, params)] in the order to time them, [(format, why skipped)]).
+
+    For products of ``block_size`` k > 1 vectors a format's parameter sets with block
+    kernels (with ``user_params``) go first, since the first pass times each format's
+    first set, and its estimate is multiplied by the passes over the matrix of that
+    set (``block_passes``): k for a format without block kernels, which reads the
+    matrix once per vector."""
+    user_params = dict(user_params or {})
     ranked, skipped = [], []
     for name, cls in registry.items():
         if np.dtype(dtype).kind == "c" and not cls.complex_values:
@@ -152,8 +173,11 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_si
         if cost is None:
             skipped.append((name, why))
             continue
-        if block_size > 1 and not cls.block_widths:
-            cost *= block_size
+        if block_size > 1:   # stable: the format's own order among each kind
+            params_list.sort(key=lambda p, cls=cls: 1 not in cls.block_widths_for(
+                f, profile, dtype, {**user_params, **p}))
+            cost *= block_passes(cls, f, profile, dtype, {**user_params, **params_list[0]},
+                                 block_size)
         ranked.append((0 if name == rule_choice else 1, cost, name, params_list))
     ranked.sort(key=lambda r: (r[0], r[1]))
     return [(name, params_list) for _, _, name, params_list in ranked], skipped
@@ -328,9 +352,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     profile = device.profile
     features = features.with_diagonals(csr)   # the rules and DIA's estimate read them
     budget = default_budget(features.nnz) if budget is None else float(budget)
-    rule_choice, _ = choose_format(features, profile, dtype)
+    rule_choice, _ = choose_format(features, profile, dtype, block_size)
     order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
-                                     csr=csr, block_size=block_size)
+                                     csr=csr, block_size=block_size,
+                                     user_params=user_params)
     first = [(name, p[0]) for name, p in order[:max_formats]]
     included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
@@ -463,6 +488,11 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     return entry, impl, chosen
 
 
+def _for_k(k):
+    """How an explanation names the products a choice is for ("" for one vector)."""
+    return "" if k == 1 else f" for products of {k} vectors"
+
+
 def _describe(entry, chosen, expected_calls, how):
     cands = sorted(entry["candidates"], key=lambda c: _score(c, expected_calls))
 
@@ -538,13 +568,18 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
         raise InvalidParameterError(f"tune_budget must be positive seconds, not {budget!r}")
     profile = device.profile
 
-    def rules():   # the rule-based choice reads the diagonals: count them only here
-        return choose_format(features.with_diagonals(csr), profile, dtype)
+    def rules(why, seconds=0.0):
+        """The rule-based choice's Decision (the rules read the diagonals: counted only
+        here), with parameters that give it block kernels for k > 1 where needed."""
+        full = features.with_diagonals(csr)
+        name, rule_why = choose_format(full, profile, dtype, block_size)
+        return Decision(name, block_params(name, full, profile, dtype, block_size,
+                                           user_params),
+                        f"{why}{_for_k(block_size)}: {rule_why}", "model",
+                        tuning_seconds=seconds)
 
     if mode == "model" or features.nnz == 0 or features.n_rows == 0:
-        why = "rules only (tune=False)" if mode == "model" else "rules (empty matrix)"
-        rule_format, rule_why = rules()
-        return Decision(rule_format, {}, f"{why}: {rule_why}", "model")
+        return rules("rules only (tune=False)" if mode == "model" else "rules (empty matrix)")
 
     t0 = time.perf_counter()
     # The structure hash (a pass over the indices) only where it is used: to look a
@@ -592,11 +627,9 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
 
     if mode == "auto":
         worth, why = _worth_measuring(features, profile, dtype, expected_calls,
-                                      budget or default_budget(features.nnz))
+                                      budget or default_budget(features.nnz), block_size)
         if not worth:
-            rule_format, rule_why = rules()
-            return Decision(rule_format, {}, f"rules ({why}): {rule_why}", "model",
-                            tuning_seconds=time.perf_counter() - t0)
+            return rules(f"rules ({why})", time.perf_counter() - t0)
         if expected_calls is None:   # nobody asked to wait for a measurement
             mode = "online"
     if mode == "online":
@@ -609,10 +642,8 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                                   expected_calls=expected_calls, progress=progress,
                                   block_size=block_size)
     if chosen is None:   # nothing could be measured: the rules, and nothing stored
-        rule_format, rule_why = rules()
-        return Decision(rule_format, {}, "rules (no candidate could be measured: "
-                        f"{_skipped_text(entry)}): "
-                        f"{rule_why}", "model", tuning_seconds=time.perf_counter() - t0)
+        return rules(f"rules (no candidate could be measured: {_skipped_text(entry)})",
+                     time.perf_counter() - t0)
     return _store_decision(key, fp, entry, impl, chosen, expected_calls, "measured",
                            time.perf_counter() - t0)
 
@@ -712,7 +743,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                     "fastest", "online", tuning_seconds=spent, online=tuning)
 
 
-def _worth_measuring(features, profile, dtype, expected_calls, budget):
+def _worth_measuring(features, profile, dtype, expected_calls, budget, block_size=1):
     if expected_calls is None:
         if features.nnz >= MEASURE_MIN_NNZ:
             return True, ""
@@ -720,7 +751,9 @@ def _worth_measuring(features, profile, dtype, expected_calls, budget):
                        "more than it saves; tune=True or expected_calls= measures")
     item = np.dtype(dtype).itemsize
     nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
-    kernel = nbytes / (20e9 if profile.is_cpu else 500e9)
+    # A product of k vectors costs up to k single ones (without block kernels): the
+    # gap between formats that measuring can find grows with k.
+    kernel = block_size * nbytes / (20e9 if profile.is_cpu else 500e9)
     gain = PAYBACK * kernel * expected_calls
     if gain >= budget:
         return True, ""
