@@ -261,3 +261,94 @@ def test_measuring_pays_sooner_for_k():
     worth16, _ = tuner._worth_measuring(f, profile, DTYPE, calls, 1.0, 16)
     assert not worth1 and "would not repay" in why
     assert worth16
+
+
+# -- online tuning, the database hand-over, the transposed copy --------------------------
+
+def test_online_tuning_for_k(rng):
+    """tune="online" with k = 4: starts on a CSR kernel with block kernels, times the
+    candidates on blocks in the background, stores the decision for k's class."""
+    A = random_values(generators.poisson2d(40), rng)
+    op = psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], tune="online", block_size=4)
+    assert op.tuning.source == "online" and op.tuning.block_size == 4
+    assert "online for products of 4 vectors" in op.explanation
+    assert op.has_block_kernels
+    check_block(op, A, 4, rng)
+    assert op.finish_tuning() == "done", op.tuning.online.error
+    decision = op.tuning.online.decision
+    assert decision.block_size == 4 and decision.entry["block_size"] == 4
+    assert {c["product"] for c in decision.entry["candidates"]} <= {"block kernels",
+                                                                    "column by column"}
+    check_block(op, A, 4, rng)
+    again = psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], block_size=2)   # class 2-4
+    assert again.tuning.source == "database" and again.tuning.block_size == 2
+    for k in (None, 1, 5):   # other classes: the rules for this small matrix
+        assert psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], block_size=k).tuning.source \
+            == "model"
+
+
+def test_online_start_has_block_kernels_on_gpus(rng):
+    """On a GPU the online start is csr-vector; with the caller's
+    block_mapping="items", whose adaptive mapping has no block kernels, k > 1 starts
+    on the row mapping instead (k = 1 keeps the adaptive start)."""
+    from pyspmv_cl.tuning import online
+
+    device = gpu_device()
+    A = random_values(generators.random_uniform(3000, 3000, 40, seed=1), rng)
+    f = MatrixFeatures.from_csr(A)
+    items = {"block_mapping": "items"}
+    assert online.start_choice(f, device.profile, DTYPE)[1]["mapping"] == "adaptive"
+    assert online.start_choice(f, device.profile, DTYPE, 8, items)[1]["mapping"] == "rows"
+    op = psc.SpMV(A, dtype=DTYPE, device=device, tune="online", block_size=8, **items)
+    assert op.tuning.source == "online" and op.format == "csr-vector"
+    assert op.params["mapping"] == "rows" and op.has_block_kernels
+    check_block(op, A, 8, rng)
+    assert op.finish_tuning() == "done", op.tuning.online.error
+    check_block(op, A, 8, rng)
+
+
+def test_database_handover_for_k(rng):
+    """A stored k = 16 decision whose winner converts on the host (ell) is found for
+    k = 12 (same class): the operator starts on csr-scalar (block kernels) and takes ell
+    once converted in the background; k = 1 and k = 17 do not see it."""
+    from pyspmv_cl.features import shape_fingerprint, structure_digest
+
+    A = random_values(generators.poisson2d(30), rng)
+    device = DEVICES[0]
+    if device.profile.is_gpu:
+        pytest.skip("the CPU start format (csr-scalar) is asserted")
+    features = MatrixFeatures.from_csr(A, count_diagonals=False)
+    fp = {**shape_fingerprint(features), "block_class": tuner.block_class(16),
+          "structure_sha256": structure_digest(A)}
+    key = database.entry_key(device.profile, fp, np.dtype(DTYPE).name)
+    database.store(key, {"candidates": [{"format": "ell", "params": {},
+                                         "kernel_seconds": 1e-6,
+                                         "conversion_seconds": 0.01}],
+                         "skipped": [], "fingerprint": fp, "created": "earlier",
+                         "block_size": 16})
+    op = psc.SpMV(A, dtype=DTYPE, device=device, block_size=12)
+    assert op.tuning.source == "database" and op.tuning.block_size == 12
+    assert op.format == "csr-scalar" and "converts in the background" in op.explanation
+    assert "product of 16 vectors" in op.explanation
+    check_block(op, A, 12, rng)
+    assert op.finish_tuning() == "done"
+    check_block(op, A, 12, rng)
+    assert op.format == "ell"
+    for k in (None, 1, 17):
+        assert psc.SpMV(A, dtype=DTYPE, device=device, block_size=k).tuning.source \
+            == "model", k
+
+
+def test_transposed_copy_is_chosen_for_the_same_k(rng):
+    """op.T's operator is tuned for the k given for A: on a GPU the rules' dia for a
+    stencil becomes sell for A^T too."""
+    device = gpu_device()
+    A = random_values(generators.poisson2d(30), rng)
+    op = psc.SpMV(A, dtype=DTYPE, device=device, tune=False, block_size=8)
+    X = rng.standard_normal((A.shape[0], 8))
+    assert_close(op.T @ X, reference(A.T, X), A.T, X, DTYPE)
+    assert op.transposed.tuning.block_size == 8 and op.transposed.format == "sell"
+    one = psc.SpMV(A, dtype=DTYPE, device=device, tune=False)
+    x = rng.standard_normal(A.shape[0])
+    assert_close(one.T @ x, reference(A.T, x), A.T, x, DTYPE)
+    assert one.transposed.tuning.block_size == 1 and one.transposed.format == "dia"

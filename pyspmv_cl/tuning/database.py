@@ -6,7 +6,9 @@ turns the disk layer off, leaving a per-process memory layer).
 
 The key hashes the device identity (platform, device, driver and every profile field,
 so an overridden profile is a different device), the matrix fingerprint (shape, nnz,
-row-length statistics, a hash of indptr/indices) and the dtype.  An entry stores every
+row-length statistics, a hash of indptr/indices; for products of k > 1 vectors the
+class of k, ``block_class``, which the tuner adds only then, so a single-vector key is
+the one entries had before block sizes) and the dtype.  An entry stores every
 candidate measured (kernel and conversion seconds), so a caller with another
 ``expected_calls`` re-decides from it without timing anything.
 

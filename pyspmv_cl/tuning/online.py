@@ -85,10 +85,18 @@ def online_budget(nnz: int) -> float:
     return max(ONLINE_MIN_BUDGET, ONLINE_SECONDS_PER_MNNZ * nnz / 1e6)
 
 
-def start_choice(features, profile, dtype):
-    """(format, params, why): a CSR kernel that needs no conversion."""
+def start_choice(features, profile, dtype, block_size=1, user_params=None):
+    """(format, params, why): a CSR kernel that needs no conversion.  For products of
+    ``block_size`` > 1 vectors, csr-vector's first parameter set that has block
+    kernels with the caller's ``user_params`` (the row mapping when
+    ``block_mapping="items"`` leaves the adaptive one none)."""
     if profile.is_gpu:
-        candidates = FORMATS["csr-vector"].tuning_candidates(features, profile, dtype)
+        cls = FORMATS["csr-vector"]
+        candidates = cls.tuning_candidates(features, profile, dtype)
+        if block_size > 1:   # stable: the block-kernel sets first
+            given = dict(user_params or {})
+            candidates = sorted(candidates, key=lambda p: 1 not in cls.block_widths_for(
+                features, profile, dtype, {**given, **p}))
         params = candidates[0] if candidates else {}
         how = "adaptive row blocks" if params.get("mapping") == "adaptive" else "rows"
         return "csr-vector", dict(params), f"csr-vector ({how}): no conversion"

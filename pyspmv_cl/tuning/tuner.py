@@ -622,7 +622,7 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
             if mode in ("auto", "online") and expected_calls is None \
                     and not conversion_is_cheap(FORMATS[chosen["format"]], csr, device):
                 return _database_handover(csr, features, device, dtype, user_params,
-                                          stored, chosen)
+                                          stored, chosen, block_size)
             return stored
 
     if mode == "auto":
@@ -662,7 +662,8 @@ def _store_decision(key, fp, entry, impl, chosen, expected_calls, source, second
                     _describe(entry, chosen, expected_calls,
                               f"{how} in {entry['tuning_seconds']:.2f} s"),
                     source, impl=impl, kernel_seconds=chosen["kernel_seconds"],
-                    tuning_seconds=seconds, entry=entry)
+                    tuning_seconds=seconds, entry=entry,
+                    block_size=entry.get("block_size", 1))
 
 
 def _usable(chosen, features, profile, dtype, user_params, tag):
@@ -680,13 +681,15 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
     return True
 
 
-def _database_handover(csr, features, device, dtype, user_params, stored, chosen):
+def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
+                       block_size=1):
     """A stored winner that converts on the host (ell, csr5, bccoo, ...): start on the
     CSR kernel at once and convert the winner in the background (online.py's
     machinery, without measuring), so that a known matrix sets up as fast as a new one.
     ``expected_calls=`` or ``tune=True`` convert it before the first product instead."""
     profile = device.profile
-    start_format, start_params, start_why = online.start_choice(features, profile, dtype)
+    start_format, start_params, start_why = online.start_choice(
+        features, profile, dtype, block_size, user_params)
     if (start_format, start_params) == (stored.format, stored.params):
         return stored
     conversion = float(chosen.get("conversion_seconds") or 0.0)
@@ -713,7 +716,8 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
     """Start on a CSR kernel and measure in the background (tuning/online.py)."""
     profile = device.profile
     budget = online.online_budget(features.nnz) if budget is None else float(budget)
-    start_format, start_params, start_why = online.start_choice(features, profile, dtype)
+    start_format, start_params, start_why = online.start_choice(
+        features, profile, dtype, block_size, user_params)
     start = (start_format, start_params)   # timed too: a switch must be a gain
     trigger = online.trigger_calls(features, profile, dtype, budget)
 
@@ -738,9 +742,10 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                  start=start)
     when = "after the first product" if trigger == 1 else f"after {trigger} products"
     return Decision(start_format, start_params,
-                    f"online: starting on {start_why}; measuring candidates in the "
-                    f"background {when} (budget {budget:.1f} s), then switching to the "
-                    "fastest", "online", tuning_seconds=spent, online=tuning)
+                    f"online{_for_k(block_size)}: starting on {start_why}; measuring "
+                    f"candidates in the background {when} (budget {budget:.1f} s), then "
+                    "switching to the fastest", "online", tuning_seconds=spent,
+                    online=tuning)
 
 
 def _worth_measuring(features, profile, dtype, expected_calls, budget, block_size=1):
