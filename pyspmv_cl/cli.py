@@ -131,6 +131,9 @@ def _cmd_tune(args):
     if args.expected_calls is not None and args.expected_calls < 1:
         print("--expected-calls must be a positive integer", file=sys.stderr)
         return 2
+    if args.block_size < 1:
+        print("--block-size must be a positive integer", file=sys.stderr)
+        return 2
     jobs = []
     refused = 0   # matrices not tuned: the exit status says so
     for spec in args.matrices:
@@ -165,10 +168,11 @@ def _cmd_tune(args):
         decision = select(csr, MatrixFeatures.from_csr(csr), device, dtype,
                           tune="force" if args.force else "measure",
                           expected_calls=args.expected_calls, budget=args.budget,
-                          progress=progress)
+                          progress=progress, block_size=args.block_size)
         if bar:
             bar.done = before + 1
-        rows.append({"matrix": name, "dtype": dtype.name, "format": decision.format,
+        rows.append({"matrix": name, "dtype": dtype.name, "block_size": decision.block_size,
+                     "format": decision.format,
                      "params": decision.params, "source": decision.source,
                      "kernel_seconds": decision.kernel_seconds,
                      "seconds": time.perf_counter() - start,
@@ -183,7 +187,8 @@ def _cmd_tune(args):
           f"{database_dir() or 'memory only (PYSPMV_CL_NO_CACHE)'}")
     for r in rows:
         kernel = f"{r['kernel_seconds'] * 1e6:.1f} us" if r["kernel_seconds"] else "-"
-        head = f"{r['matrix']} {r['dtype']}: {r['format']}"
+        k = f" k={r['block_size']}" if r["block_size"] != 1 else ""
+        head = f"{r['matrix']} {r['dtype']}{k}: {r['format']}"
         tail = f"[{r['source']}, kernel {kernel}, {r['seconds']:.2f} s]"
         # The parameters are cut to keep the line in 120 columns; -v shows them all.
         params = params_text(r["params"], full=True)
@@ -251,6 +256,10 @@ def build_parser():
                         "million non-zeros, at least 1 s)")
     p.add_argument("--expected-calls", type=int, default=None, metavar="N",
                    help="products the application will run: conversion time then counts")
+    p.add_argument("--block-size", type=int, default=1, metavar="K",
+                   help="vectors per product (op @ X with X of shape (n, K)): candidates are "
+                        "timed on block products and the decision stored for K's class "
+                        "(1, 2-4, 5-8, 9-16, 17+), as SpMV(A, block_size=K) finds it")
     p.add_argument("--json", action="store_true", help="print the decisions as JSON")
     p.add_argument("--verbose", "-v", action="store_true", help="print each explanation")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")

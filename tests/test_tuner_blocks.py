@@ -352,3 +352,37 @@ def test_transposed_copy_is_chosen_for_the_same_k(rng):
     x = rng.standard_normal(A.shape[0])
     assert_close(one.T @ x, reference(A.T, x), A.T, x, DTYPE)
     assert one.transposed.tuning.block_size == 1 and one.transposed.format == "dia"
+
+
+# -- pyspmv-cl tune --block-size --------------------------------------------------------
+
+def test_tune_command_block_size(capsys, rng):
+    """``pyspmv-cl tune --block-size K`` stores the decision for K's class, which
+    ``SpMV(A, block_size=k)`` then finds for any k of the class (and not for k = 1)."""
+    import json
+
+    from pyspmv_cl.cli import main
+
+    common = ["tune", "--device", DEVICES[0].id, "--quiet", "--dtype", np.dtype(DTYPE).name,
+              "--budget", "0.3"]
+    for bad in ("0", "-2"):
+        assert main([*common, "--block-size", bad, "poisson2d:10"]) == 2
+        assert "--block-size must be a positive integer" in capsys.readouterr().err
+    assert main([*common, "--json", "--block-size", "4", "poisson2d:20"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows[0]["block_size"] == 4 and rows[0]["source"] == "measured"
+    assert "product of 4 vectors" in rows[0]["explanation"]
+    assert main([*common, "--block-size", "3", "poisson2d:20"]) == 0   # class 2-4: stored
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"{rows[0]['matrix']} {np.dtype(DTYPE).name} k=3: "
+                           f"{rows[0]['format']}") and "[database" in line
+    A = generators.poisson2d(20)
+    op = psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], block_size=2)
+    assert op.tuning.source == "database" and op.tuning.block_size == 2
+    check_block(op, A, 2, rng)
+    op.finish_tuning()   # a winner converted on the host is handed over in the background
+    assert op.format == rows[0]["format"]
+    check_block(op, A, 2, rng)
+    assert psc.SpMV(A, dtype=DTYPE, device=DEVICES[0]).tuning.source == "model"
+    assert main([*common, "--json", "poisson2d:20"]) == 0   # k = 1: measured anew
+    assert json.loads(capsys.readouterr().out)["results"][0]["block_size"] == 1
