@@ -339,6 +339,31 @@ def test_database_handover_for_k(rng):
             == "model", k
 
 
+def test_entries_without_k_still_mean_one_vector(rng):
+    """An entry under the key single-vector decisions always had (no block class in
+    the fingerprint, no block_size field) answers k = 1 only."""
+    from pyspmv_cl.features import shape_fingerprint, structure_digest
+
+    A = random_values(generators.poisson2d(30), rng)
+    features = MatrixFeatures.from_csr(A, count_diagonals=False)
+    fp = {**shape_fingerprint(features), "structure_sha256": structure_digest(A)}
+    key = database.entry_key(DEVICES[0].profile, fp, np.dtype(DTYPE).name)
+    # csr-vector: converted without a hand-over (a cast of the CSR arrays).
+    database.store(key, {"candidates": [{"format": "csr-vector",
+                                         "params": {"mapping": "rows", "vector_size": 2},
+                                         "kernel_seconds": 1e-6,
+                                         "conversion_seconds": 0.0}],
+                         "skipped": [], "fingerprint": fp, "created": "earlier"})
+    for k in (None, 1):
+        op = psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], block_size=k)
+        assert op.tuning.source == "database" and op.tuning.block_size == 1
+        assert (op.format, op.params["vector_size"]) == ("csr-vector", 2)
+        check_block(op, A, 3, rng)
+    for k in (2, 16):
+        assert psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], block_size=k).tuning.source \
+            == "model"
+
+
 def test_transposed_copy_is_chosen_for_the_same_k(rng):
     """op.T's operator is tuned for the k given for A: on a GPU the rules' dia for a
     stencil becomes sell for A^T too."""

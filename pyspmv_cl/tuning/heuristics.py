@@ -62,6 +62,14 @@ def choose_format(features, profile, dtype, block_size=1):
     return name, why
 
 
+def block_sets_first(cls, features, profile, dtype, candidates, given=None):
+    """``candidates`` (parameter sets of the format ``cls``) with those that give it
+    block kernels, with the caller's parameters ``given``, first (stable)."""
+    given = dict(given or {})
+    return sorted(candidates, key=lambda p: 1 not in cls.block_widths_for(
+        features, profile, dtype, {**given, **p}))
+
+
 def block_params(name, features, profile, dtype, block_size, given=None):
     """Parameters to add to the rules' choice ``name`` so that products of
     ``block_size`` vectors run on block kernels where its defaults with the caller's

@@ -32,6 +32,7 @@ import pyopencl as cl
 import scipy.sparse as sp
 
 from ..formats import FORMATS
+from .heuristics import block_sets_first
 
 #: Budget of a background measurement: seconds per million non-zeros, and at least.
 ONLINE_SECONDS_PER_MNNZ = 0.3
@@ -93,10 +94,9 @@ def start_choice(features, profile, dtype, block_size=1, user_params=None):
     if profile.is_gpu:
         cls = FORMATS["csr-vector"]
         candidates = cls.tuning_candidates(features, profile, dtype)
-        if block_size > 1:   # stable: the block-kernel sets first
-            given = dict(user_params or {})
-            candidates = sorted(candidates, key=lambda p: 1 not in cls.block_widths_for(
-                features, profile, dtype, {**given, **p}))
+        if block_size > 1:
+            candidates = block_sets_first(cls, features, profile, dtype, candidates,
+                                          user_params)
         params = candidates[0] if candidates else {}
         how = "adaptive row blocks" if params.get("mapping") == "adaptive" else "rows"
         return "csr-vector", dict(params), f"csr-vector ({how}): no conversion"

@@ -49,7 +49,7 @@ from ..formats.base import conversion_is_cheap, instantiate, plan_blocks
 from ..formats.columns import ColumnCopy, columns_product
 from ..launching import launches_seconds
 from . import database, online
-from .heuristics import block_params, choose_format
+from .heuristics import block_params, block_sets_first, choose_format
 
 TUNE_ENV = "PYSPMV_CL_TUNE"
 BUDGET_ENV = "PYSPMV_CL_TUNE_BUDGET"
@@ -174,8 +174,7 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_si
             skipped.append((name, why))
             continue
         if block_size > 1:   # stable: the format's own order among each kind
-            params_list.sort(key=lambda p, cls=cls: 1 not in cls.block_widths_for(
-                f, profile, dtype, {**user_params, **p}))
+            params_list = block_sets_first(cls, f, profile, dtype, params_list, user_params)
             cost *= block_passes(cls, f, profile, dtype, {**user_params, **params_list[0]},
                                  block_size)
         ranked.append((0 if name == rule_choice else 1, cost, name, params_list))
