@@ -135,7 +135,8 @@ def bench_format(A, fmt, case, peer, sync, args, device):
     """One format's row: setups, then every product timed, interleaved with cuSPARSE."""
     m, n = A.shape
     fmt, _, spec = fmt.partition(":")   # "sell" or "csr-vector:block_mapping=items"
-    params = dict(item.split("=", 1) for item in spec.split(",") if item)
+    params = {key: int(value) if value.isdigit() else value   # "auto:block_size=8"
+              for key, value in (item.split("=", 1) for item in spec.split(",") if item)}
     t0 = time.perf_counter()
     op = psc.SpMV(A, device=device, format=fmt, **params)
     op.finish_tuning()   # "auto": measure the format its tuning picks (setup includes it)

@@ -1,0 +1,161 @@
+"""What ``y = op @ x`` costs as a user calls it on a CPU (#18): numpy in, numpy out,
+against PyTorch CSR and scipy in the same process, interleaved.
+
+For each matrix and dtype, one operator (``--format``, default ``auto``, whose online
+tuning is finished first with ``op.finish_tuning()``), then ``--rounds`` rounds; in each
+round every contender runs ``--calls`` calls in turn.  Medians over all calls:
+
+- ``ours``: ``op @ x`` with host arrays, the library's default path (on a device that
+  computes in host memory the kernels use the numpy arrays in place);
+- ``ours-copy``: the same through device buffers (``op._host_mode = "copy"``: the path
+  before the in-place one, and still the path of discrete GPUs);
+- ``device``: ``op.matvec(x_dev, out=y_dev)`` then ``queue.finish()``;
+- ``kernel``: the kernels' profiling-event time of one product: kernel-only, not what a
+  user waits for;
+- ``torch`` (``torch.mv`` on a CSR tensor, every logical CPU) and ``scipy``.
+
+Every contender's result is checked against scipy's float64 product first.
+
+    python benchmarks/call_path.py --device 0:0 --json R.json cage10 astro-ph \\
+        poisson2d:1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import scipy
+
+import pyspmv_cl as psc
+from pyspmv_cl.bench.generators import from_spec, resolve_name
+from pyspmv_cl.bench.peers import available_peers
+from pyspmv_cl.launching import record_launches
+
+MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
+
+#: The suite of #18: the shared matrices of 50k-2M non-zeros, and generated ones of 4M+.
+SHARED = ["wathenSmall", "szdMat", "bayer10", "cage10", "wing", "astro-ph", "fe_4elt2",
+          "Groebner_id2003_aug"]
+GENERATED = ["poisson2d:1000", "poisson3d:100", "random:1000000,10", "powerlaw:500000,8",
+             "banded:1000000,5", "denserows:500000,4"]
+
+
+def kernel_seconds(op, x_dev, y_dev):
+    with record_launches() as events:
+        op.matvec(x_dev, out=y_dev)
+    op.queue.finish()
+    return (events[-1].profile.end - events[0].profile.start) * 1e-9 if events else 0.0
+
+
+def measure(label, A, dtype, args, peers, rng):
+    A = A.astype(dtype)
+    t0 = time.perf_counter()
+    op = psc.SpMV(A, device=args.device, format=args.format)
+    op.finish_tuning()
+    setup = time.perf_counter() - t0
+    x = rng.standard_normal(A.shape[1]).astype(dtype)
+    reference = A.astype(np.float64) @ x.astype(np.float64)
+    q = op.queue
+    x_dev, y_dev = cla.to_device(q, x), cla.empty(q, A.shape[0], op.dtype)
+    default_mode = op._host_mode
+
+    def ours():
+        op._host_mode = default_mode
+        return op @ x
+
+    def ours_copy():
+        op._host_mode = "copy"
+        return op @ x
+
+    def device():
+        op.matvec(x_dev, out=y_dev)
+        q.finish()
+        return y_dev   # .get() in the check only
+
+    contenders = {"ours": ours, "ours-copy": ours_copy, "device": device}
+    for peer in peers:
+        f = peer.prepare(A, dtype)
+        contenders[peer.name.replace("-csr", "")] = (lambda f=f: f(x))
+    scale = np.abs(A).astype(np.float64) @ np.abs(x).astype(np.float64) + 1e-30
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for name, f in contenders.items():
+        y = f()
+        y = y.get() if isinstance(y, cla.Array) else y
+        err = np.max(np.abs(np.asarray(y, dtype=np.float64) - reference) / scale)
+        if not err < tol:
+            raise AssertionError(f"{label} {dtype}: {name} is off by {err:.2e}")
+    samples = {name: [] for name in contenders}
+    samples["kernel"] = []
+    for _ in range(args.rounds):
+        for name, f in contenders.items():
+            for _ in range(args.calls):
+                t = time.perf_counter()
+                f()
+                samples[name].append(time.perf_counter() - t)
+        samples["kernel"] += [kernel_seconds(op, x_dev, y_dev) for _ in range(args.calls)]
+    op._host_mode = default_mode
+    row = {"matrix": label, "dtype": np.dtype(dtype).name, "nnz": int(A.nnz),
+           "format": op.format, "host_mode": default_mode, "setup_s": setup}
+    for name, values in samples.items():
+        row[name + "_us"] = statistics.median(values) * 1e6
+        row[name + "_p10_us"] = float(np.percentile(values, 10) * 1e6)
+        row[name + "_p90_us"] = float(np.percentile(values, 90) * 1e6)
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("matrices", nargs="*",
+                        help="shared matrix names or generator specs (default: the suite)")
+    parser.add_argument("--device", default="0:0")
+    parser.add_argument("--format", default="auto")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--peers", default="torch-csr,scipy")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    peers = available_peers(args.peers.split(","))
+    rng = np.random.default_rng(0)
+    specs = args.matrices or SHARED + GENERATED
+    rows = []
+    for spec in specs:
+        label, A = from_spec(resolve_name(spec, MATRIX_DIR))
+        for dtype in args.dtypes.split(","):
+            row = measure(label, A, np.dtype(dtype), args, peers, rng)
+            rows.append(row)
+            best = min(row.get("torch_us", np.inf), row.get("scipy_us", np.inf))
+            print(f"{label:24s} {row['dtype']:8s} {row['format']:11s} "
+                  f"ours {row['ours_us']:8.0f}  copy {row['ours-copy_us']:8.0f}  "
+                  f"device {row['device_us']:8.0f}  kernel {row['kernel_us']:8.0f}  "
+                  f"torch {row.get('torch_us', float('nan')):8.0f}  "
+                  f"scipy {row.get('scipy_us', float('nan')):8.0f}  "
+                  f"best peer / ours {best / row['ours_us']:.2f}", flush=True)
+    if args.json:
+        device = psc.get_device(args.device)
+        meta = {"device": device.cl_device.name.strip(),
+                "platform": device.platform.version.strip(),
+                "python": platform.python_version(), "numpy": np.__version__,
+                "scipy": scipy.__version__, "pyopencl": cl.VERSION_TEXT,
+                "cpus": os.cpu_count(), "argv": sys.argv[1:],
+                "env": {k: v for k, v in os.environ.items() if k.startswith("POCL")}}
+        try:
+            import torch
+            meta["torch"] = torch.__version__
+        except ImportError:
+            pass
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
