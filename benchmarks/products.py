@@ -134,6 +134,7 @@ def bench_matrix(name, A64, args, device, rng):
 def bench_format(A, fmt, case, peer, sync, args, device):
     """One format's row: setups, then every product timed, interleaved with cuSPARSE."""
     m, n = A.shape
+    asked = fmt
     fmt, _, spec = fmt.partition(":")   # "sell" or "csr-vector:block_mapping=items"
     params = {key: int(value) if value.isdigit() else value   # "auto:block_size=8"
               for key, value in (item.split("=", 1) for item in spec.split(",") if item)}
@@ -164,7 +165,7 @@ def bench_format(A, fmt, case, peer, sync, args, device):
     for _ in range(args.rounds):
         for key, (fn, _, wait) in contenders.items():
             times[key].append(timer(fn, wait))
-    row = {"format": op.format + (f":{spec}" if spec else ""), "asked": fmt,
+    row = {"format": op.format + (f":{spec}" if spec else ""), "asked": asked,
            "params": op.params,
            "setup_s": setup,
            "transpose_setup_s": tsetup, "transposed_format": op.transposed.format,
