@@ -32,11 +32,13 @@ import typing
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
 from ..errors import InvalidParameterError
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
+from .builder import ProgramSpec
 from .csr5_model import bounds_for, sigma_rule
 from .registry import register
 
@@ -49,6 +51,8 @@ CALIBRATE_WORK_GROUP_SIZE = 64
 # it the calibrate kernel's serial walk over the heads is cheaper than one more launch.
 LONG_RUN_TILES = 32
 RUN_GROUP = 256
+# Work-items per group of the conversion kernels (conversion on the device).
+CONVERT_GROUP = 64
 # Bit values of a 32-bit word (exact in float64, which np.bincount sums).
 _POW2 = np.ldexp(1.0, np.arange(32))
 
@@ -240,6 +244,11 @@ def _transpose_tiles(a, p_full, omega, sigma, dtype):
     return out
 
 
+def _whole(arr):
+    """A device array starting at its buffer's beginning (the kernels take buffers)."""
+    return arr if not arr.offset else arr.copy()
+
+
 def untranspose_tiles(a, omega, sigma):
     """CSR order from the CSR5 order of ``col_idx``/``values`` (a copy)."""
     tile = omega * sigma
@@ -256,6 +265,8 @@ class CSR5(SpMVFormat):
     complex_values = True
     order = 9
     template = "csr5.mako"
+    converts_on_device = True
+    host_input_on_device = True   # GPUs: upload the CSR, lay the tiles out there
     params = (
         P.Param("omega", P.integer(1, MAX_OMEGA, power_of_two=True),
                 "tile width: work-items per tile (a power of two)"),
@@ -317,7 +328,8 @@ class CSR5(SpMVFormat):
         """Tile counts, the rows after the incomplete tile, the empty rows the tiles
         cover, whether any complete tile needs ``empty_offset`` (the kernel source
         depends on it) and ``run_group="auto"``: from ``indptr`` alone (a pass over the
-        rows and a search per tile, :func:`tile_layout`), kept for the conversion."""
+        rows and a search per tile, :func:`tile_layout`), kept for the conversion, on
+        the host or on the device (``csr`` may be a ``DeviceCSR``)."""
         omega, sigma = self.params["omega"], self.params["sigma"]
         m = self.shape[0]
         tile = omega * sigma
@@ -374,6 +386,38 @@ class CSR5(SpMVFormat):
         flags = 4 if self.params["segmented_sum"] == "scan" else 0
         return work_group_size * (self.dtype.itemsize + flags)
 
+    def programs(self):
+        """The SpMV kernels, and with a matrix on the device the conversion kernels
+        (templates/csr5_convert.mako) beside them."""
+        out = list(super().programs())
+        if self.converting_on_device and self.nnz:
+            y_bits, seg_bits, words = field_bits(self.params["omega"], self.params["sigma"])
+            out.append(ProgramSpec("csr5_convert.mako", self.conversion_kernel_specs(), {
+                "omega": self.params["omega"], "sigma": self.params["sigma"],
+                "y_bits": y_bits, "seg_bits": seg_bits, "desc_words": words,
+                "has_empty_offset": self.has_empty_offset},
+                min_group=self.min_work_group_size()))
+        return out
+
+    def conversion_kernel_specs(self):
+        row_ptr = matrix("csr_row_ptr", "index_t")
+        specs = [
+            KernelSpec("csr5_columns", (
+                *(scalar(n, "index_t") for n in ("n_rows", "n_columns", "n_tail")), row_ptr,
+                matrix("csr_col_idx", "index_t"), matrix("csr_values", "real_t"),
+                scratch("col_idx_out", "index_t"), scratch("values_out", "real_t"),
+                scratch("tile_desc_out", "uint"))),
+            KernelSpec("csr5_descriptors", (scalar("n_full_tiles", "index_t"),
+                                            scratch("tile_desc_out", "uint"))),
+        ]
+        if self.has_empty_offset:
+            specs.append(KernelSpec("csr5_empty_offsets", (
+                scalar("n_rows", "index_t"), scalar("n_columns", "index_t"), row_ptr,
+                matrix("tile_ptr", "tile_ptr_t"), matrix("empty_offset_ptr", "index_t"),
+                scratch("tile_desc_in", "uint", read_only=True),
+                scratch("empty_offset_out", "index_t"))))
+        return tuple(specs)
+
     def _layout_arrays(self):
         """The arrays made from ``indptr`` alone (analyse's :class:`TileLayout`)."""
         layout = self._layout
@@ -392,6 +436,57 @@ class CSR5(SpMVFormat):
         assert ("empty_offset" in arrays) == self.has_empty_offset
         arrays["empty_rows"] = layout.empty_rows
         return arrays
+
+    def convert_device(self, csr):
+        """The arrays of :meth:`convert`, identical, made on the device from a CSR there:
+        what depends on ``indptr`` alone and costs a number per tile or per empty row
+        (``tile_ptr``, ``empty_offset_ptr``, ``empty_rows``) comes from ``analyse`` and
+        is uploaded; ``csr5_columns`` (a work-item per tile column) transposes the
+        complete tiles, copies the incomplete one and sets the columns' ``bit_flag``s,
+        ``csr5_descriptors`` (a work-item per tile) adds ``y_offset`` and
+        ``seg_offset``, and ``csr5_empty_offsets`` (a work-item per column of the tiles
+        with empty rows) writes ``empty_offset``."""
+        queue = self.device.queue
+        idx, omega, sigma = self.index_dtype, self.params["omega"], self.params["sigma"]
+        nnz, m = self.nnz, self.shape[0]
+        _, words = field_bits(omega, sigma)[1:]
+        _, layout_arrays = self._layout_arrays()
+        arrays = {name: cla.to_device(queue, arr) for name, arr in layout_arrays.items()}
+        arrays["row_ptr"] = row_ptr = csr.as_type("indptr", idx, queue, copy=True)
+        n_columns = self.n_full_tiles * omega
+        n_tail = nnz - self.n_full_tiles * omega * sigma
+
+        def empty(size, dtype):   # one element at least (a buffer to bind), cut to size
+            return cla.empty(queue, max(1, size), dtype)[:size]
+
+        out = {"col_idx": empty(nnz, idx), "values": empty(nnz, self.dtype),
+               "tile_desc": empty(n_columns * words, np.uint32)}
+        if self.has_empty_offset:
+            out["empty_offset"] = empty(int(layout_arrays["empty_offset_ptr"][-1]), idx)
+        steps = []
+        if nnz:
+            wg = min(CONVERT_GROUP, self.profile.max_work_group_size)
+            common = {"n_rows": m, "n_columns": n_columns,
+                      "csr_row_ptr": row_ptr.base_data}
+            steps.append(self.step(
+                "csr5_columns", round_up(n_columns + n_tail, wg), wg, n_tail=n_tail,
+                csr_col_idx=_whole(csr.as_type("indices", idx, queue)).base_data,
+                csr_values=_whole(csr.as_type("data", self.dtype, queue)).base_data,
+                col_idx_out=out["col_idx"].base_data, values_out=out["values"].base_data,
+                tile_desc_out=out["tile_desc"].base_data, **common))
+            if self.n_full_tiles:
+                steps.append(self.step("csr5_descriptors", round_up(self.n_full_tiles, wg),
+                                       wg, n_full_tiles=self.n_full_tiles,
+                                       tile_desc_out=out["tile_desc"].base_data))
+            if self.has_empty_offset:
+                steps.append(self.step(
+                    "csr5_empty_offsets", round_up(n_columns, wg), wg,
+                    tile_ptr=arrays["tile_ptr"].base_data,
+                    empty_offset_ptr=arrays["empty_offset_ptr"].base_data,
+                    tile_desc_in=out["tile_desc"].base_data,
+                    empty_offset_out=out["empty_offset"].base_data, **common))
+        self.run_now(queue, steps)   # done before any product, whatever the queue's order
+        return {**arrays, **out}
 
     def scratch_sizes(self):
         """The sums each complete tile leaves for the calibrate kernel: of its first row
