@@ -309,7 +309,8 @@ def main(argv=None):
     rng = np.random.default_rng(int(os.environ.get("PYSPMV_CL_OCLGRIND_SEED", "20261122")))
     matrices = corpus(rng)
     summary = {"device": device.profile.name, "formats": names, "operators": 0,
-               "products": 0, "refused": [], "failures": [], "per_format_s": {}}
+               "products": 0, "refused": [], "failures": [], "per_format_s": {},
+               "device_conversions": {}}
     for name in [] if args.only_complex or args.wide_complex_blocks else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
@@ -332,6 +333,11 @@ def main(argv=None):
                             continue
                         KEEP.append(op)
                         summary["operators"] += 1
+                        # Operators converted on the device (GPU profiles: a format with
+                        # host_input_on_device uploads the CSR and lays it out there).
+                        if op._impl.converting_on_device:
+                            counts = summary["device_conversions"]
+                            counts[name] = counts.get(name, 0) + 1
                         # The full set on the two structured matrices, beta == 0 elsewhere.
                         # Block kernels with each format's defaults (both dtypes in the
                         # full pass, float32 in the quick one): their compiles dominate

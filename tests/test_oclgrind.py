@@ -248,6 +248,11 @@ def test_all_formats_clean_under_oclgrind(scope):
     assert set(summary["formats"]) == set(psc.formats())
     assert not summary["failures"], "\n".join(summary["failures"][:5])
     assert summary["operators"] >= 20 * len(summary["formats"])
+    # Oclgrind is a GPU: the formats that convert a host matrix there did, with their
+    # conversion kernels under its checks.
+    on_device = {name for name in psc.formats() if get_format(name).converts_on_device
+                 and get_format(name).host_input_on_device}
+    assert on_device <= set(summary["device_conversions"]), summary["device_conversions"]
 
 
 def run_complex_pass(driver_args, flags=OCLGRIND_FLAGS):

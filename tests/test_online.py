@@ -274,7 +274,7 @@ def test_online_measure_checks_candidates_against_the_start_format(device, monke
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
-    """A database hit on a format converted on the host (csr5, on every device) starts
+    """A database hit on a format converted on the host (bccoo, on every device) starts
     on the CSR kernel and converts the winner in the background; expected_calls= or
     tune=True convert it before the first product instead.  Results are right
     throughout."""
@@ -285,7 +285,7 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
     fp = {**shape_fingerprint(features), "structure_sha256": structure_digest(A)}
     key = database.entry_key(device.profile, fp, np.dtype(DTYPE).name)
     database.store(key, {"candidates": [
-        {"format": "csr5", "params": {}, "kernel_seconds": 1e-6, "conversion_seconds": 0.01,
+        {"format": "bccoo", "params": {}, "kernel_seconds": 1e-6, "conversion_seconds": 0.01,
          "confirmed": True},
         {"format": "csr-scalar", "params": {}, "kernel_seconds": 2e-6,
          "conversion_seconds": 0.0, "confirmed": True}], "skipped": [],
@@ -293,14 +293,14 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
     start = online.start_choice(features, device.profile, DTYPE)[0]
     op = psc.SpMV(A, device=device)
     assert op.tuning.source == "database" and op.format == start
-    assert "csr5 converts in the background" in op.explanation
+    assert "bccoo converts in the background" in op.explanation
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
     assert op.finish_tuning(60) == "done"
-    assert op.format == "csr5" and op.explanation.startswith("tuning database")
+    assert op.format == "bccoo" and op.explanation.startswith("tuning database")
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
     for kwargs in ({"expected_calls": 10**6}, {"tune": True}):
         now = psc.SpMV(A, device=device, **kwargs)
-        assert now.format == "csr5" and now.tuning.online is None, kwargs
+        assert now.format == "bccoo" and now.tuning.online is None, kwargs
         assert_close(now @ x, reference(A, x), A, x, DTYPE)

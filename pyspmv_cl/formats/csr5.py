@@ -32,11 +32,13 @@ import typing
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
 from ..errors import InvalidParameterError
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
+from .builder import ProgramSpec
 from .csr5_model import bounds_for, sigma_rule
 from .registry import register
 
@@ -49,6 +51,8 @@ CALIBRATE_WORK_GROUP_SIZE = 64
 # it the calibrate kernel's serial walk over the heads is cheaper than one more launch.
 LONG_RUN_TILES = 32
 RUN_GROUP = 256
+# Work-items per group of the conversion kernels (conversion on the device).
+CONVERT_GROUP = 64
 # Bit values of a 32-bit word (exact in float64, which np.bincount sums).
 _POW2 = np.ldexp(1.0, np.arange(32))
 
@@ -100,10 +104,64 @@ def tile_rows(indptr, omega, sigma):
     return TileRows(first_row, has_empty, nonempty)
 
 
-def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype, rows=None):
+class TileLayout(typing.NamedTuple):
+    """Everything of the CSR5 layout that depends on ``indptr`` alone and costs at most
+    a number per row or per tile: computed once by ``analyse`` (vectorised numpy, no
+    look at ``indices``/``data``) and shared by the host and the device conversions."""
+    rows: TileRows
+    tile_ptr: np.ndarray          # (p + 1,) first_row with the empty-rows sign bit
+    empty_offset_ptr: typing.Optional[np.ndarray]  # (p_full + 1,) when a complete tile
+    #                               has empty rows: where its segments' offsets start
+    tail_row_begin: int           # rows from here on are run row by row
+    empty_rows: np.ndarray        # the empty rows before tail_row_begin
+
+
+def tile_layout(indptr, omega, sigma, index_dtype):
+    """The :class:`TileLayout` of a CSR matrix's ``indptr``."""
+    index_dtype = np.dtype(index_dtype)
+    m = len(indptr) - 1
+    nnz = int(indptr[-1]) if m >= 0 else 0
+    tile = omega * sigma
+    p_full, p = nnz // tile, -(-nnz // tile)
+    rows = tile_rows(indptr, omega, sigma)
+    first_row, has_empty, nonempty = rows
+
+    # tile_ptr: the (non-empty) row holding each tile's first entry; m past the end.
+    ptr_type = np.uint32 if index_dtype.itemsize == 4 else np.uint64
+    sign = ptr_type(1) << ptr_type(8 * index_dtype.itemsize - 1)
+    tile_ptr = first_row.astype(ptr_type)
+    tile_ptr[:-1][has_empty] |= sign
+
+    # empty_offset_ptr: a complete tile with empty rows has one offset per segment: its
+    # first row, then each row starting strictly inside it (non-empty rows start at
+    # distinct positions, so these are counted by searching their starts).
+    empty_offset_ptr = None
+    if has_empty[:p_full].any():
+        starts = np.asarray(indptr)[nonempty]
+        bounds = np.arange(p_full + 1, dtype=np.int64) * tile
+        inner = (np.searchsorted(starts, bounds[1:], side="left")
+                 - np.searchsorted(starts, bounds[:-1], side="right"))
+        segments = np.where(has_empty[:p_full], inner + 1, 0)
+        empty_offset_ptr = np.zeros(p_full + 1, dtype=index_dtype)
+        np.cumsum(segments, out=empty_offset_ptr[1:])
+
+    # Rows after the incomplete tile's first row go row by row (all of them when
+    # nnz == 0); with no incomplete tile the last complete tile covers them.
+    if p > p_full:
+        tail_row_begin = int(first_row[p_full]) + 1
+    else:
+        tail_row_begin = 0 if nnz == 0 else m
+    # Empty rows the tiles cover (the tail rows store their own): the calibrate kernel
+    # zeroes them one work-item each.
+    head = np.asarray(indptr[:tail_row_begin + 1])
+    empty_rows = np.flatnonzero(head[1:] == head[:-1]).astype(index_dtype)
+    return TileLayout(rows, tile_ptr, empty_offset_ptr, tail_row_begin, empty_rows)
+
+
+def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype, layout=None):
     """The CSR5 host arrays of a CSR matrix (vectorised: work over rows and tiles, plus
-    the transposition of the complete tiles); ``rows``: :func:`tile_rows` of it, when
-    already known."""
+    the transposition of the complete tiles); ``layout``: :func:`tile_layout` of it, when
+    already known.  The list of empty rows (``layout.empty_rows``) is not among them."""
     index_dtype, value_dtype = np.dtype(index_dtype), np.dtype(value_dtype)
     m = len(indptr) - 1
     nnz = int(indptr[-1])
@@ -113,14 +171,9 @@ def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype, r
     flag_shift = y_bits + seg_bits
     pos_t = _pos_type(m, nnz, tile)
     indptr = np.asarray(indptr).astype(pos_t, copy=False)
-    first_row, has_empty, nonempty = rows if rows is not None else tile_rows(indptr, omega,
-                                                                             sigma)
-
-    # tile_ptr: the (non-empty) row holding each tile's first entry; m past the end.
-    ptr_type = np.uint32 if index_dtype.itemsize == 4 else np.uint64
-    sign = ptr_type(1) << ptr_type(8 * index_dtype.itemsize - 1)
-    tile_ptr = first_row.astype(ptr_type)
-    tile_ptr[:-1][has_empty] |= sign
+    if layout is None:
+        layout = tile_layout(indptr, omega, sigma, index_dtype)
+    first_row, has_empty, nonempty = layout.rows
 
     # Row starts inside the complete tiles, plus each tile's first entry (always flagged).
     starts = indptr[nonempty]
@@ -158,30 +211,24 @@ def tile_arrays(indptr, indices, data, omega, sigma, index_dtype, value_dtype, r
     # empty_offset: for each complete tile with empty rows, the row offset (from the
     # tile's first row) of each of its segments in order: 0 for segment 0, then one per
     # row starting inside the tile.
-    empty_offset_ptr = empty_offset = None
-    if has_empty[:p_full].any():
-        inner = ~at_head & has_empty[start_tile]
-        inner_pos, inner_rows = starts[inner], start_rows[inner]
-        inner_tile = inner_pos // tile
-        per_tile = np.bincount(inner_tile, minlength=p_full)
-        segments = np.where(has_empty[:p_full], per_tile + 1, 0)
-        empty_offset_ptr = np.zeros(p_full + 1, dtype=np.int64)
-        np.cumsum(segments, out=empty_offset_ptr[1:])
-        inner_before = np.cumsum(per_tile) - per_tile
-        slot = (empty_offset_ptr[inner_tile] + 1
-                + np.arange(inner_pos.size) - inner_before[inner_tile])
-        empty_offset = np.zeros(int(empty_offset_ptr[-1]), dtype=index_dtype)
-        empty_offset[slot] = inner_rows - first_row[inner_tile]
-        empty_offset_ptr = empty_offset_ptr.astype(index_dtype)
-
+    empty_offset_ptr = layout.empty_offset_ptr
     arrays = {
         "row_ptr": indptr.astype(index_dtype, copy=False),
-        "tile_ptr": tile_ptr,
+        "tile_ptr": layout.tile_ptr,
         "tile_desc": desc.ravel(),
         "col_idx": _transpose_tiles(np.asarray(indices), p_full, omega, sigma, index_dtype),
         "values": _transpose_tiles(np.asarray(data), p_full, omega, sigma, value_dtype),
     }
-    if empty_offset is not None:
+    if empty_offset_ptr is not None:
+        inner = ~at_head & has_empty[start_tile]
+        inner_pos, inner_rows = starts[inner], start_rows[inner]
+        inner_tile = inner_pos // tile
+        per_tile = np.bincount(inner_tile, minlength=p_full)
+        inner_before = np.cumsum(per_tile) - per_tile
+        slot = (empty_offset_ptr[inner_tile].astype(np.int64) + 1
+                + np.arange(inner_pos.size) - inner_before[inner_tile])
+        empty_offset = np.zeros(int(empty_offset_ptr[-1]), dtype=index_dtype)
+        empty_offset[slot] = inner_rows - first_row[inner_tile]
         arrays["empty_offset_ptr"] = empty_offset_ptr
         arrays["empty_offset"] = empty_offset
     return arrays
@@ -195,6 +242,11 @@ def _transpose_tiles(a, p_full, omega, sigma, dtype):
         0, 2, 1)
     out[n:] = a[n:]
     return out
+
+
+def _whole(arr):
+    """A device array starting at its buffer's beginning (the kernels take buffers)."""
+    return arr if not arr.offset else arr.copy()
 
 
 def untranspose_tiles(a, omega, sigma):
@@ -213,6 +265,8 @@ class CSR5(SpMVFormat):
     complex_values = True
     order = 9
     template = "csr5.mako"
+    converts_on_device = True
+    host_input_on_device = True   # GPUs: upload the CSR, lay the tiles out there
     params = (
         P.Param("omega", P.integer(1, MAX_OMEGA, power_of_two=True),
                 "tile width: work-items per tile (a power of two)"),
@@ -273,28 +327,20 @@ class CSR5(SpMVFormat):
     def analyse(self, csr):
         """Tile counts, the rows after the incomplete tile, the empty rows the tiles
         cover, whether any complete tile needs ``empty_offset`` (the kernel source
-        depends on it) and ``run_group="auto"``: one pass over the rows and a search
-        per tile, kept for the conversion."""
+        depends on it) and ``run_group="auto"``: from ``indptr`` alone (a pass over the
+        rows and a search per tile, :func:`tile_layout`), kept for the conversion, on
+        the host or on the device (``csr`` may be a ``DeviceCSR``)."""
         omega, sigma = self.params["omega"], self.params["sigma"]
         m = self.shape[0]
         tile = omega * sigma
         self.nnz = nnz = int(csr.indptr[-1]) if m else 0
         self.n_tiles = -(-nnz // tile)
         self.n_full_tiles = nnz // tile
-        self._tile_rows = tile_rows(csr.indptr, omega, sigma)
-        first_row, has_empty, nonempty = self._tile_rows
-        self.has_empty_offset = bool(has_empty[:self.n_full_tiles].any())
-        # Rows after the incomplete tile's first row go row by row (all of them when
-        # nnz == 0); with no incomplete tile the last complete tile covers them.
-        if self.n_tiles > self.n_full_tiles:
-            self.tail_row_begin = int(first_row[self.n_full_tiles]) + 1
-        else:
-            self.tail_row_begin = 0 if nnz == 0 else m
+        self._layout = layout = tile_layout(csr.indptr, omega, sigma, self.index_dtype)
+        self.has_empty_offset = layout.empty_offset_ptr is not None
+        self.tail_row_begin = layout.tail_row_begin
         self.n_tail_rows = m - self.tail_row_begin
-        # Empty rows the tiles cover (the tail rows store their own): the calibrate
-        # kernel zeroes them one work-item each.
-        self.n_empty_rows = self.tail_row_begin - int(
-            np.searchsorted(nonempty, self.tail_row_begin))
+        self.n_empty_rows = layout.empty_rows.size
         if self.params["run_group"] == "auto":     # on when the longest row spans many tiles
             longest = int(np.diff(csr.indptr).max()) if m else 0
             # Its local memory: a value and an index (8 bytes at most) per work-item.
@@ -340,17 +386,107 @@ class CSR5(SpMVFormat):
         flags = 4 if self.params["segmented_sum"] == "scan" else 0
         return work_group_size * (self.dtype.itemsize + flags)
 
+    def programs(self):
+        """The SpMV kernels, and with a matrix on the device the conversion kernels
+        (templates/csr5_convert.mako) beside them."""
+        out = list(super().programs())
+        if self.converting_on_device and self.nnz:
+            y_bits, seg_bits, words = field_bits(self.params["omega"], self.params["sigma"])
+            out.append(ProgramSpec("csr5_convert.mako", self.conversion_kernel_specs(), {
+                "omega": self.params["omega"], "sigma": self.params["sigma"],
+                "y_bits": y_bits, "seg_bits": seg_bits, "desc_words": words,
+                "has_empty_offset": self.has_empty_offset},
+                min_group=self.min_work_group_size()))
+        return out
+
+    def conversion_kernel_specs(self):
+        row_ptr = matrix("csr_row_ptr", "index_t")
+        specs = [
+            KernelSpec("csr5_columns", (
+                *(scalar(n, "index_t") for n in ("n_rows", "n_columns", "n_tail")), row_ptr,
+                matrix("csr_col_idx", "index_t"), matrix("csr_values", "real_t"),
+                scratch("col_idx_out", "index_t"), scratch("values_out", "real_t"),
+                scratch("tile_desc_out", "uint"))),
+            KernelSpec("csr5_descriptors", (scalar("n_full_tiles", "index_t"),
+                                            scratch("tile_desc_out", "uint"))),
+        ]
+        if self.has_empty_offset:
+            specs.append(KernelSpec("csr5_empty_offsets", (
+                scalar("n_rows", "index_t"), scalar("n_columns", "index_t"), row_ptr,
+                matrix("tile_ptr", "tile_ptr_t"), matrix("empty_offset_ptr", "index_t"),
+                scratch("tile_desc_in", "uint", read_only=True),
+                scratch("empty_offset_out", "index_t"))))
+        return tuple(specs)
+
+    def _layout_arrays(self):
+        """The arrays made from ``indptr`` alone (analyse's :class:`TileLayout`)."""
+        layout = self._layout
+        del self._layout
+        arrays = {"tile_ptr": layout.tile_ptr, "empty_rows": layout.empty_rows}
+        if layout.empty_offset_ptr is not None:
+            arrays["empty_offset_ptr"] = layout.empty_offset_ptr
+        return layout, arrays
+
     def convert(self, csr):
         omega, sigma = self.params["omega"], self.params["sigma"]
         nnz = self.nnz
+        layout, _ = self._layout_arrays()
         arrays = tile_arrays(csr.indptr, csr.indices[:nnz], csr.data[:nnz], omega, sigma,
-                             self.index_dtype, self.dtype, rows=self._tile_rows)
-        del self._tile_rows
+                             self.index_dtype, self.dtype, layout=layout)
         assert ("empty_offset" in arrays) == self.has_empty_offset
-        lengths = np.diff(csr.indptr[:self.tail_row_begin + 1])
-        arrays["empty_rows"] = np.flatnonzero(lengths == 0).astype(self.index_dtype)
-        assert arrays["empty_rows"].size == self.n_empty_rows
+        arrays["empty_rows"] = layout.empty_rows
         return arrays
+
+    def convert_device(self, csr):
+        """The arrays of :meth:`convert`, identical, made on the device from a CSR there:
+        what depends on ``indptr`` alone and costs a number per tile or per empty row
+        (``tile_ptr``, ``empty_offset_ptr``, ``empty_rows``) comes from ``analyse`` and
+        is uploaded; ``csr5_columns`` (a work-item per tile column) transposes the
+        complete tiles, copies the incomplete one and sets the columns' ``bit_flag``s,
+        ``csr5_descriptors`` (a work-item per tile) adds ``y_offset`` and
+        ``seg_offset``, and ``csr5_empty_offsets`` (a work-item per column of the tiles
+        with empty rows) writes ``empty_offset``."""
+        queue = self.device.queue
+        idx, omega, sigma = self.index_dtype, self.params["omega"], self.params["sigma"]
+        nnz, m = self.nnz, self.shape[0]
+        _, words = field_bits(omega, sigma)[1:]
+        _, layout_arrays = self._layout_arrays()
+        arrays = {name: cla.to_device(queue, arr) for name, arr in layout_arrays.items()}
+        arrays["row_ptr"] = row_ptr = csr.as_type("indptr", idx, queue, copy=True)
+        n_columns = self.n_full_tiles * omega
+        n_tail = nnz - self.n_full_tiles * omega * sigma
+
+        def empty(size, dtype):   # one element at least (a buffer to bind), cut to size
+            return cla.empty(queue, max(1, size), dtype)[:size]
+
+        out = {"col_idx": empty(nnz, idx), "values": empty(nnz, self.dtype),
+               "tile_desc": empty(n_columns * words, np.uint32)}
+        if self.has_empty_offset:
+            out["empty_offset"] = empty(int(layout_arrays["empty_offset_ptr"][-1]), idx)
+        steps = []
+        if nnz:
+            wg = min(CONVERT_GROUP, self.profile.max_work_group_size)
+            common = {"n_rows": m, "n_columns": n_columns,
+                      "csr_row_ptr": row_ptr.base_data}
+            steps.append(self.step(
+                "csr5_columns", round_up(n_columns + n_tail, wg), wg, n_tail=n_tail,
+                csr_col_idx=_whole(csr.as_type("indices", idx, queue)).base_data,
+                csr_values=_whole(csr.as_type("data", self.dtype, queue)).base_data,
+                col_idx_out=out["col_idx"].base_data, values_out=out["values"].base_data,
+                tile_desc_out=out["tile_desc"].base_data, **common))
+            if self.n_full_tiles:
+                steps.append(self.step("csr5_descriptors", round_up(self.n_full_tiles, wg),
+                                       wg, n_full_tiles=self.n_full_tiles,
+                                       tile_desc_out=out["tile_desc"].base_data))
+            if self.has_empty_offset:
+                steps.append(self.step(
+                    "csr5_empty_offsets", round_up(n_columns, wg), wg,
+                    tile_ptr=arrays["tile_ptr"].base_data,
+                    empty_offset_ptr=arrays["empty_offset_ptr"].base_data,
+                    tile_desc_in=out["tile_desc"].base_data,
+                    empty_offset_out=out["empty_offset"].base_data, **common))
+        self.run_now(queue, steps)   # done before any product, whatever the queue's order
+        return {**arrays, **out}
 
     def scratch_sizes(self):
         """The sums each complete tile leaves for the calibrate kernel: of its first row

@@ -1,0 +1,176 @@
+"""What building a ``csr5`` operator costs (#15): the host conversion against the
+conversion on the device, beside one product.
+
+For each matrix (generator specs, or names of ``<name>.mtx.gz`` in the shared matrix
+folder, read in place), with the parameters the device's defaults give (``--set``
+overrides them), medians over ``--repeat`` runs after one warm-up (kernels built and
+cached), wall time with the queue finished:
+
+- ``host_numpy``: the host conversion alone (``tile_layout`` + ``tile_arrays``: numpy);
+- ``host``: the format built from the host CSR on the host path: analyse, numpy
+  conversion, upload of the CSR5 arrays (what CPUs do);
+- ``device``: the format built from a CSR already on the device (``DeviceCSR``):
+  analyse of ``indptr`` on the host, the layout arrays uploaded, the conversion kernels;
+- ``upload+device``: the CSR uploaded as it is, then as ``device`` (what GPUs do with
+  a host matrix);
+- ``spmv``: one product ``y = A @ x`` on device vectors.
+
+The device-converted operator's product is checked against scipy's float64 one first.
+
+    python benchmarks/csr5_conversion.py --device 0:0 --json R.json \\
+        random:100000,10 powerlaw:200000,5 cage10 astro-ph
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyopencl.array as cla
+
+import pyspmv_cl as psc
+from pyspmv_cl.bench.generators import from_spec, resolve_name
+from pyspmv_cl.device_inputs import DeviceCSR
+from pyspmv_cl.features import MatrixFeatures
+from pyspmv_cl.formats import get_format
+from pyspmv_cl.formats.base import choose_index_dtype
+from pyspmv_cl.formats.csr5 import tile_arrays, tile_layout
+
+MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
+DEFAULT_MATRICES = ["random:100000,10", "powerlaw:200000,5", "cage10", "astro-ph",
+                    "Groebner_id2003_aug"]
+COLUMNS = ("host_numpy", "host", "device", "upload+device", "spmv")
+
+
+def median_seconds(run, repeat):
+    """Median wall time of ``run()`` (which finishes the queue itself) after a warm-up."""
+    run()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def parse_sets(items):
+    params = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            params[key] = value
+    return params
+
+
+def measure(label, A, device, dtype, given, repeat):
+    cls = get_format("csr5")
+    queue = device.queue
+    features = MatrixFeatures.from_csr(A)
+    params = cls.resolve_params(features, device.profile, dtype, dict(given))
+    index = choose_index_dtype(A.shape[0], A.shape[1], A.nnz)
+    omega, sigma = params["omega"], params["sigma"]
+    keep = {}
+
+    def host_numpy():
+        layout = tile_layout(A.indptr, omega, sigma, index)
+        tile_arrays(A.indptr, A.indices, A.data, omega, sigma, index, dtype, layout=layout)
+
+    def host():
+        keep["host"] = cls(A, device, dtype, params)
+        queue.finish()
+
+    on_device = DeviceCSR.upload(A, queue, index, dtype)
+
+    def device_conversion():
+        keep["device"] = cls(on_device, device, dtype, params)
+        queue.finish()
+
+    def upload_and_device():
+        uploaded = DeviceCSR.upload(A, queue, index, dtype)
+        keep["upload"] = cls(uploaded, device, dtype, params)
+        queue.finish()
+
+    row = {"matrix": label, "rows": A.shape[0], "nnz": int(A.nnz)}
+    row["host_numpy"] = median_seconds(host_numpy, repeat)
+    row["host"] = median_seconds(host, repeat)
+    row["params"] = dict(keep["host"].params)   # "auto" resolved
+    row["device"] = median_seconds(device_conversion, repeat)
+    row["upload+device"] = median_seconds(upload_and_device, repeat)
+
+    # One product with the device-converted operator, checked against scipy first.
+    op = psc.SpMV(on_device_triple(on_device), shape=A.shape, format="csr5", dtype=dtype,
+                  device=device, **params)
+    assert op._impl.converting_on_device
+    x = np.random.default_rng(0).standard_normal(A.shape[1])
+    x_dev = cla.to_device(queue, x.astype(dtype))
+    y_dev = cla.empty(queue, A.shape[0], dtype)
+    op.matvec(x_dev, out=y_dev)
+    y_ref = A.astype(np.float64) @ x
+    y = y_dev.get(queue).astype(np.float64)
+    scale = abs(A).astype(np.float64) @ np.abs(x) + 1e-30
+    worst = float(np.max(np.abs(y - y_ref) / scale)) if A.shape[0] else 0.0
+    if worst > (1e-3 if np.dtype(dtype) == np.float32 else 1e-9):
+        raise AssertionError(f"{label}: csr5 product off by {worst:.2e} (relative)")
+
+    def spmv():
+        op.matvec(x_dev, out=y_dev)
+        queue.finish()
+
+    row["spmv"] = median_seconds(spmv, max(repeat, 10))
+    return row
+
+
+def on_device_triple(dcsr):
+    return (dcsr.data, dcsr.indices, dcsr.indptr_device)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("matrices", nargs="*", default=DEFAULT_MATRICES,
+                        help="generator specs or shared matrix names (default: "
+                        + ", ".join(DEFAULT_MATRICES) + ")")
+    parser.add_argument("--device", default="0:0", help="platform:device (P:D)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per column")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a csr5 parameter (omega, sigma, ...), repeatable")
+    parser.add_argument("--json", help="write the rows here as JSON")
+    args = parser.parse_args(argv)
+    device = psc.get_device(args.device)
+    dtype = np.dtype(args.dtype)
+    given = parse_sets(args.set)
+    print(f"device: {device.cl_device.name.strip()} ({device.profile.device_type}), "
+          f"{dtype.name}; medians of {args.repeat}, milliseconds", flush=True)
+    header = f"{'matrix':<24} {'nnz':>10} " + " ".join(f"{c:>13}" for c in COLUMNS) \
+        + f" {'host/device':>11}"
+    print(header, flush=True)
+    rows = []
+    for spec in args.matrices:
+        label, A = from_spec(resolve_name(spec, MATRIX_DIR))
+        if A.dtype.kind == "c":
+            A = A.real.tocsr()
+        row = measure(label, A, device, dtype, given, args.repeat)
+        rows.append(row)
+        print(f"{label:<24} {row['nnz']:>10} "
+              + " ".join(f"{row[c] * 1e3:>13.2f}" for c in COLUMNS)
+              + f" {row['host'] / row['upload+device']:>10.1f}x", flush=True)
+    if args.json:
+        meta = {"device": device.cl_device.name.strip(),
+                "platform": device.platform.version.strip(),
+                "device_type": device.profile.device_type, "dtype": dtype.name,
+                "repeat": args.repeat, "python": platform.python_version(),
+                "units": "seconds (median wall time, queue finished)"}
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

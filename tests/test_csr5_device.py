@@ -1,0 +1,200 @@
+"""``csr5`` converted on the device (templates/csr5_convert.mako) from a CSR there: every
+array is identical to the host conversion's (``formats/values.host_arrays``: the format's
+own analyse + convert on the host, same parameters), over tile edge cases (leading,
+trailing and long runs of empty rows, tiles whose rows are nearly all empty, a row over
+many tiles, nnz below one tile, exact multiples of a tile, an incomplete last tile),
+omega/sigma from 1 to several descriptor words, real and complex values, 32- and
+64-bit indices; the matrix is never read back; products match scipy (float64
+reference, poisoned output).  A host matrix goes up as CSR and converts there under a
+GPU profile (``host_input_on_device``), not under a CPU one."""
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pytest
+import scipy.sparse as sp
+from conftest import assert_cclose, assert_close, poisoned, reference, skip_without_fp64
+from matrix_cases import csr_from_row_lengths
+
+import pyspmv_cl as psc
+from pyspmv_cl.device_inputs import DeviceCSR
+from pyspmv_cl.formats import base, get_format, values
+
+pytestmark = pytest.mark.skipif("csr5" not in psc.formats(), reason="no csr5 format")
+
+
+def matrices(rng, omega, sigma):
+    """Row-length patterns around tiles of omega * sigma entries."""
+    tile = omega * sigma
+    n = 4 * tile + 3
+
+    def rows(lengths, cols=n):
+        return csr_from_row_lengths(rng, np.minimum(np.asarray(lengths, np.int64), cols), cols)
+
+    # Leading empty rows, short rows, a run of empty rows over several tiles' worth of
+    # rows, a row ending exactly on a tile boundary followed by empty rows, a row over
+    # three tiles, trailing empty rows; an incomplete last tile.
+    short = list(rng.integers(0, 4, 25))
+    lengths = [0, 0, 0] + short + [0] * (3 * tile + 5) + [2, 1]
+    lengths += [(-sum(lengths)) % tile or tile] + [0] * 4 + [3 * tile + 1] + [0, 1, 0]
+    lengths += list(rng.integers(0, 6, 40)) + [0] * 6
+    edges = rows(lengths)
+    # One entry per row, an empty row between any two: every tile holds empty rows and
+    # as many segments as it can.
+    sparse = rows([1, 0] * (2 * tile + 1) + [0])
+    # One row over many tiles, between short rows.
+    long_row = rows([1, 2, 0, 9 * tile + 5, 0, 1, 3], cols=10 * tile + 5)
+    # Exact multiples of a tile: no incomplete tile, with and without empty rows after.
+    exact = rows(np.full(3 * tile, 1))
+    exact_trailing = rows([tile, 0, 2 * tile - 1, 1, 0, 0])
+    # Fewer entries than a tile (only the incomplete tile), and none at all.
+    small = rows([0, min(2, tile - 1), 0, 0, max(0, tile - 3), 0], cols=max(3, tile))
+    return {"edges": edges, "sparse": sparse, "long_row": long_row, "exact": exact,
+            "exact_trailing": exact_trailing, "small": small, "no_entries": sp.csr_matrix((9, 5)),
+            "no_rows": sp.csr_matrix((0, 4))}
+
+
+def on_device(queue, A, index_dtype=np.int32):
+    return (cla.to_device(queue, A.data), cla.to_device(queue, A.indices.astype(index_dtype)),
+            cla.to_device(queue, A.indptr.astype(index_dtype)))
+
+
+def refuse_read_back(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("read the matrix back to the host")
+    monkeypatch.setattr(DeviceCSR, "to_host", refuse)
+
+
+def assert_same_as_host(op, A):
+    """Every device array of ``op`` equals the host conversion's, same parameters."""
+    impl = op._impl
+    assert impl.converting_on_device
+    csr = sp.csr_matrix(A, copy=True)
+    host = values.host_arrays(impl, csr, impl.dtype)
+    assert set(impl.buffers) == set(host)
+    queue = op.queue
+    for name, expected in host.items():
+        buf = impl.buffers[name]
+        assert buf.size == max(1, expected.nbytes), name
+        if expected.size:
+            got = np.empty_like(expected)
+            cl.enqueue_copy(queue, got, buf)
+            np.testing.assert_array_equal(got, expected, err_msg=name)
+    assert impl.nbytes == sum(a.nbytes for a in host.values()) + sum(
+        int(v) for v in impl.scratch_sizes().values())
+    return host
+
+
+def check_product(op, A, rng):
+    dtype = op.dtype
+    x = rng.standard_normal(A.shape[1])
+    if dtype.kind == "c":
+        x = x + 1j * rng.standard_normal(A.shape[1])
+    out = poisoned(A.shape[0], dtype)
+    op.matvec(x, out=out)
+    ref = sp.csr_matrix(A, dtype=np.complex128 if dtype.kind == "c" else np.float64,
+                        copy=True) @ x
+    if dtype.kind == "c":
+        assert_cclose(out, ref, A, x, dtype)
+    else:
+        assert_close(out, reference(A, x), A, x, dtype)
+
+
+# (omega, sigma): omega = 1 and a warp; sigma 1, odd and large; one descriptor word per
+# column, two (16, 33), three (4, 70) and seventeen (4, 512).
+GEOMETRIES = [(1, 1), (1, 7), (2, 5), (4, 3), (8, 16), (16, 33), (32, 5), (64, 2), (4, 70),
+              (4, 512)]
+
+
+@pytest.mark.parametrize("omega,sigma", GEOMETRIES, ids=lambda g: str(g))
+def test_device_conversion_gives_the_host_arrays(omega, sigma, device, rng, monkeypatch):
+    refuse_read_back(monkeypatch)
+    seen = set()
+    for name, A in matrices(rng, omega, sigma).items():
+        A = sp.csr_matrix(A)
+        op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format="csr5",
+                      dtype=np.float32, device=device, omega=omega, sigma=sigma,
+                      work_group_size=max(omega, 4 * omega if omega <= 64 else omega))
+        host = assert_same_as_host(op, A)
+        seen.add(name if "empty_offset" not in host else name + "+empty_offset")
+        check_product(op, A, rng)
+    # The edge cases reach what they are meant to.
+    assert "edges+empty_offset" in seen and "sparse+empty_offset" in seen
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64, np.complex128],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("index_bits", [32, 64])
+def test_value_and_index_types(dtype, index_bits, device, rng, monkeypatch):
+    """Complex and double values and 64-bit indices (cast on the device from the
+    caller's types: float64 values, int32 or int64 indices)."""
+    skip_without_fp64(device, dtype)
+    refuse_read_back(monkeypatch)
+    omega, sigma = 4, 6
+    for name in ("edges", "small", "exact_trailing"):
+        A = matrices(rng, omega, sigma)[name]
+        if np.dtype(dtype).kind == "c":
+            A = A + 1j * sp.csr_matrix((rng.standard_normal(A.nnz), A.indices, A.indptr),
+                                       shape=A.shape)
+        A = sp.csr_matrix(A)
+        triple = on_device(device.queue, A, np.int64 if index_bits == 32 else np.int32)
+        op = psc.SpMV(triple, shape=A.shape, format="csr5", dtype=dtype, device=device,
+                      omega=omega, sigma=sigma, index_bits=index_bits)
+        assert op._impl.index_dtype == np.dtype(f"int{index_bits}")
+        host = assert_same_as_host(op, A)
+        assert host["tile_ptr"].dtype == np.dtype(f"uint{index_bits}")
+        check_product(op, A, rng)
+
+
+@pytest.mark.parametrize("run_group", [0, 4])
+@pytest.mark.parametrize("segmented_sum", ["scan", "serial"])
+def test_defaults_and_run_sums(run_group, segmented_sum, device, rng, monkeypatch):
+    """The device's default omega/sigma, both segmented sums, with the run-sums pass
+    (rows over many tiles) and without."""
+    refuse_read_back(monkeypatch)
+    A = sp.csr_matrix(matrices(rng, 4, 4)["edges"])
+    op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format="csr5",
+                  dtype=np.float32, device=device, run_group=run_group,
+                  segmented_sum=segmented_sum)
+    assert op.params["run_group"] == run_group
+    assert_same_as_host(op, A)
+    check_product(op, A, rng)
+
+
+def test_host_matrix_converts_on_a_gpu_only(device, rng):
+    """A GPU uploads a host CSR and converts it there (the same arrays); a CPU converts
+    on the host; update_values and the CSR read back work on the device's arrays."""
+    A = sp.csr_matrix(matrices(rng, 8, 4)["edges"])
+    gpu = device.override(device_type="gpu", simd_width=8)
+    cpu = device.override(device_type="cpu")
+    assert base.converts_on_the_device(get_format("csr5"), A, gpu)
+    assert not base.converts_on_the_device(get_format("csr5"), A, cpu)
+    op = psc.SpMV(A, format="csr5", dtype=np.float32, device=gpu)
+    assert op.params["omega"] == 8
+    assert_same_as_host(op, A)
+    check_product(op, A, rng)
+    assert not psc.SpMV(A, format="csr5", dtype=np.float32, device=cpu,
+                        **op.params)._impl.converting_on_device
+    back = op._impl.to_csr()
+    np.testing.assert_array_equal(back.indptr, A.indptr)
+    np.testing.assert_array_equal(back.indices, A.indices)
+    np.testing.assert_array_equal(back.data, A.data.astype(np.float32))
+    B = A.copy()
+    B.data = rng.standard_normal(A.nnz)
+    op.update_values(B.data)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(B, x), B, x, np.float32)
+
+
+def test_device_arrays_at_an_offset(device, rng, monkeypatch):
+    """The caller's arrays may be views into larger buffers."""
+    refuse_read_back(monkeypatch)
+    A = sp.csr_matrix(matrices(rng, 4, 3)["edges"])
+    pad = 5
+    whole = [cla.to_device(device.queue, np.concatenate([np.zeros(pad, a.dtype), a]))
+             for a in (A.data, A.indices.astype(np.int32), A.indptr.astype(np.int32))]
+    triple = tuple(w[pad:] for w in whole)
+    op = psc.SpMV(triple, shape=A.shape, format="csr5", dtype=np.float64
+                  if device.profile.fp64 else np.float32, device=device, omega=4, sigma=3)
+    assert_same_as_host(op, A)
+    check_product(op, A, rng)
