@@ -69,7 +69,8 @@ def read_values(impl, structure, layout, queue) -> np.ndarray:
     values = np.empty(indices.size, dtype=impl.dtype)
     reads = []
     for name in layout:
-        host = np.empty(impl.value_array_sizes[name], dtype=impl.dtype)
+        # The stored type (value_bits may hold fewer bits than impl.dtype).
+        host = np.empty(impl.value_array_sizes[name], dtype=impl.value_dtype)
         if host.size:
             cl.enqueue_copy(queue, host, impl.buffers[name], is_blocking=True)
         reads.append((name, host))
