@@ -36,7 +36,21 @@ typedef ${real_t} part_t;
 % if value_storage == "half":
 #define value_t half
 #define LOADV(k, p) ((real_t)vload_half((k), (p)))
+% if is_double:
+## Not vstore_half's double overload: Oclgrind 21.10's uninitialised-value checker
+## marks what it writes as uninitialised (even a constant 0.0).  Rounding to float
+## towards zero, with any lost bits kept as a sticky last bit ("round to odd"), then to
+## half to nearest even gives the correctly rounded double -> half (float keeps 13 more
+## bits than half; Boldo & Melquiond), as numpy's astype(float16) from float64.
+static inline float half_ready(const double v)
+{
+    const float f = convert_float_rtz(v);
+    return ((double)f == v) ? f : as_float(as_uint(f) | 1u);
+}
+#define STOREV(v, k, p) vstore_half_rte(half_ready(v), (k), (p))
+% else:
 #define STOREV(v, k, p) vstore_half_rte((v), (k), (p))
+% endif
 % elif value_storage == "float":
 #define value_t float
 #define LOADV(k, p) ((real_t)(p)[k])

@@ -203,6 +203,23 @@ def test_transposed_products_keep_the_storage(fmt, params, dtype, bits, dev, rng
     check(op.T @ x, B, x, dtype, bits, AT=True)
 
 
+def test_transposed_copy_in_another_format_keeps_the_rounding(dev, rng):
+    """sell with col_bits=16 refuses A^T (a slice spanning 70000 columns): the copy is
+    format='auto' at full width, and still computes with A's stored values, before and
+    after update_values."""
+    m = 70000
+    A = sp.csr_matrix((np.array([1 + 2.0**-12, 3.0, 1 + 3 * 2.0**-11]),
+                       (np.array([0, 5, m - 1]), np.array([0, 1, 0]))), shape=(m, 2))
+    op = psc.SpMV(A, format="sell", device=dev, dtype=np.float32, value_bits=16,
+                  col_bits=16, slice_height=8)
+    x = np.zeros(m)
+    x[[0, 5, m - 1]] = 1.0
+    np.testing.assert_array_equal(op.T @ x, [1 + 1 + 2.0**-9, 3.0])
+    assert op.transposed.format != "sell" or op.transposed.params["col_bits"] == 32
+    op.update_values(np.array([1 + 2.0**-12, 2 + 2.0**-10, 1.0]))
+    np.testing.assert_array_equal(op.T @ x, [2.0, 2.0])
+
+
 # ------------------------------------------------------------------------- update_values
 
 
@@ -248,7 +265,11 @@ def test_device_conversion_matches_the_host(fmt, params, dtype, bits, dev, rng):
     skip_without_fp64(dev, dtype)
     A = matrix(rng, 97, 80, 0.1)
     special = [1 + 2.0**-11, 1 + 3 * 2.0**-11, 65519.0, -65505.0, 2.0**-25, 3 * 2.0**-26,
-               1 + 2.0**-24, 1 + 3 * 2.0**-24, 1 / 3, 1e-30]
+               1 + 2.0**-24, 1 + 3 * 2.0**-24, 1 / 3, 1e-30,
+               # Just off a half tie by less than float32 holds: a float64 operator
+               # rounds them to half directly (float64 -> float32 -> half would make
+               # them ties, and 1 + 2^-11 + 2^-40 would go down to 1).
+               1 + 2.0**-11 + 2.0**-40, 1 + 2.0**-11 - 2.0**-40, -(3 + 2.0**-9 + 2.0**-45)]
     A.data[:len(special)] = special
     triple = (cla.to_device(dev.queue, A.data.astype(dtype)),
               cla.to_device(dev.queue, A.indices.astype(np.int32)),
@@ -265,6 +286,12 @@ def test_device_conversion_matches_the_host(fmt, params, dtype, bits, dev, rng):
             cl.enqueue_copy(dev.queue, host, impl.buffers[name])
             got.append(host.view(np.uint16 if bits == 16 else host.dtype))
         np.testing.assert_array_equal(got[0], got[1])
+    # Both hold numpy's rounding (to dtype, then to the stored type), in CSR order.
+    np.testing.assert_array_equal(current_values(on_dev), stored(A, dtype, bits).data)
+    if dtype == np.float64 and bits == 16:   # directly, not through float32
+        near = np.array(special[-3:])
+        assert not np.array_equal(near.astype(np.float16),
+                                  near.astype(np.float32).astype(np.float16))
     x = rng.standard_normal(A.shape[1])
     np.testing.assert_array_equal(on_dev @ x, on_host @ x)
     check(on_dev @ x, A, x, dtype, bits)
