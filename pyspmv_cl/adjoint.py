@@ -69,7 +69,8 @@ def read_values(impl, structure, layout, queue) -> np.ndarray:
     values = np.empty(indices.size, dtype=impl.dtype)
     reads = []
     for name in layout:
-        host = np.empty(impl.value_array_sizes[name], dtype=impl.dtype)
+        # The stored type (value_bits may hold fewer bits than impl.dtype).
+        host = np.empty(impl.value_array_sizes[name], dtype=impl.value_dtype)
         if host.size:
             cl.enqueue_copy(queue, host, impl.buffers[name], is_blocking=True)
         reads.append((name, host))
@@ -138,10 +139,18 @@ class TransposedCopy:
             f"{self.operator.conversion_time or 0.0:.3f} s); {why}")
         #: Seconds the whole build took (read-back, transpose, conversion, upload).
         self.seconds = time.perf_counter() - start
+        # A's values stored in fewer bits (value_bits) than the copy's (its format
+        # refused A^T, and "auto" stores at full width): the copy got the stored values
+        # read back, and gets later ones rounded alike.
+        stored, own = op._impl.value_dtype, self.operator._impl.value_dtype
+        self._rounding = (op.dtype, stored) if stored != own else None
 
     def update_values(self, data) -> None:
         """New values of A (CSR order, checked) -> A^H's (A^T's for real values)."""
         data = np.asarray(data)[self.perm]
+        if self._rounding is not None:
+            dtype, stored = self._rounding
+            data = data.astype(dtype).astype(stored).astype(dtype)
         self.operator.update_values(np.conj(data) if data.dtype.kind == "c" else data)
 
 

@@ -166,14 +166,32 @@ def needs_fp64_pragma(opencl_c_version) -> bool:
     return tuple(opencl_c_version) < (1, 2)
 
 
+def value_storage(dtype, value_bits=None) -> str:
+    """How values of an operator of ``dtype`` are stored with ``value_bits``
+    (formats/storage.py): ``"same"`` (as ``real_t``; None or the type's own width),
+    ``"half"`` (IEEE binary16, read with ``vload_half``) or ``"float"`` (float32 values
+    of a float64 operator)."""
+    dtype = np.dtype(dtype)
+    width = (dtype.itemsize // (2 if dtype.kind == "c" else 1)) * 8
+    if value_bits is None or value_bits == width or dtype.kind not in "fc":
+        return "same"
+    if dtype.kind == "f" and value_bits == 16:
+        return "half"
+    if dtype.kind == "f" and value_bits == 32 and width == 64:
+        return "float"
+    raise ValueError(f"no value storage of {value_bits} bits for {dtype}")
+
+
 def render(template_name: str, *, dtype, index_dtype, profile, kernels=(),
-           work_group_size=None, **params) -> str:
+           work_group_size=None, value_bits=None, **params) -> str:
     """Render ``template_name`` for value type ``dtype`` (float32/float64, or
     complex64/complex128 as float2/double2: ``real_t`` is then the complex value type
     and ``part_t`` the type of its parts; see ``common.mako``) and index type
     ``index_dtype`` on a device with ``profile``; ``kernels`` are the KernelSpecs whose
-    heads the template writes with ``signature(name)``; ``params`` are the format's
-    specialisation values."""
+    heads the template writes with ``signature(name)``; ``value_bits`` the width the
+    matrix's values are stored in (``value_t``, ``LOADV``/``STOREV`` in
+    ``common.mako``; None: as ``real_t``); ``params`` are the format's specialisation
+    values."""
     dtype = np.dtype(dtype)
     specs = {k.name: k for k in kernels}
 
@@ -187,6 +205,6 @@ def render(template_name: str, *, dtype, index_dtype, profile, kernels=(),
     return template.render(
         real_t=c_type(dtype), index_t=c_type(index_dtype),
         part_t=c_type(part), is_complex=complex_values,
-        is_double=double,
+        is_double=double, value_storage=value_storage(dtype, value_bits),
         fp64_pragma=double and needs_fp64_pragma(profile.opencl_c_version),
         helper=helper, signature=signature, work_group_size=work_group_size, **params)

@@ -28,6 +28,7 @@ from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.columns import ColumnCopy, columns_product
+from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, wait_and_read
 from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
@@ -121,6 +122,7 @@ class SpMV:
         self.tuning = None
         impl = None
         if format == "auto":
+            refuse_reduced_auto(params, self.dtype)
             self.tuning = select(csr, features, self.device, self.dtype, params, tune=tune,
                                  expected_calls=expected_calls, budget=tune_budget,
                                  block_size=block_size)

@@ -28,6 +28,38 @@ typedef ${real_t} part_t;
 #define NONZERO(a) ((a) != 0)
 #define CONJ(a) (a)
 % endif
+## The matrix's stored values (value_bits, formats/storage.py): value_t is the type of
+## a value array, LOADV(k, p) reads element k of p as a real_t, STOREV(v, k, p) rounds
+## the real_t v to value_t (to nearest even, as numpy's astype) and writes element k.
+## Half values are read and written with vload_half/vstore_half_rte (core OpenCL: no
+## cl_khr_fp16), a half pointer being the only use of the type allowed without it.
+% if value_storage == "half":
+#define value_t half
+#define LOADV(k, p) ((real_t)vload_half((k), (p)))
+% if is_double:
+## Not vstore_half's double overload: Oclgrind 21.10's uninitialised-value checker
+## marks what it writes as uninitialised (even a constant 0.0).  Rounding to float
+## towards zero, with any lost bits kept as a sticky last bit ("round to odd"), then to
+## half to nearest even gives the correctly rounded double -> half (float keeps 13 more
+## bits than half; Boldo & Melquiond), as numpy's astype(float16) from float64.
+static inline float half_ready(const double v)
+{
+    const float f = convert_float_rtz(v);
+    return ((double)f == v) ? f : as_float(as_uint(f) | 1u);
+}
+#define STOREV(v, k, p) vstore_half_rte(half_ready(v), (k), (p))
+% else:
+#define STOREV(v, k, p) vstore_half_rte((v), (k), (p))
+% endif
+% elif value_storage == "float":
+#define value_t float
+#define LOADV(k, p) ((real_t)(p)[k])
+#define STOREV(v, k, p) ((p)[k] = convert_float_rte(v))
+% else:
+#define value_t real_t
+#define LOADV(k, p) ((p)[k])
+#define STOREV(v, k, p) ((p)[k] = (v))
+% endif
 </%def>
 ## Store alpha*sum (+ beta*y) into y[row]. With beta == 0, y is never read, so
 ## whatever it held (even NaN) does not leak into the result (BLAS convention).

@@ -20,11 +20,11 @@ ${c.lanes_row()}
         // Two sums in turn: two loads of x in flight per work-item.
         real_t sum2 = (real_t)(0);
         for (; j + 1 < end; j += 2) {
-            sum += MUL(values[j], xl[(long)col_idx[j] * ldx]);
-            sum2 += MUL(values[j + 1], xl[(long)col_idx[j + 1] * ldx]);
+            sum += MUL(LOADV(j, values), xl[(long)col_idx[j] * ldx]);
+            sum2 += MUL(LOADV(j + 1, values), xl[(long)col_idx[j + 1] * ldx]);
         }
         if (j < end)
-            sum += MUL(values[j], xl[(long)col_idx[j] * ldx]);
+            sum += MUL(LOADV(j, values), xl[(long)col_idx[j] * ldx]);
         sum += sum2;
 ${c.store_y_lane("row", "sum")}
     }

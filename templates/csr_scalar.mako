@@ -10,7 +10,7 @@ ${signature("csr_scalar")}
         const index_t end = row_ptr[row + 1];
         real_t sum = 0;
         for (index_t j = row_ptr[row]; j < end; ++j)
-            sum += MUL(values[j], x[col_idx[j]]);
+            sum += MUL(LOADV(j, values), x[col_idx[j]]);
 ${c.store_y("row", "sum")}
     }
 }

@@ -11,7 +11,7 @@ ${signature("csr_scalar_block")}
         const index_t end = row_ptr[row + 1];
         realb_t sum = (realb_t)(0);
         for (index_t j = row_ptr[row]; j < end; ++j)
-            sum += MULB(values[j], XROW(col_idx[j]));
+            sum += MULB(LOADV(j, values), XROW(col_idx[j]));
 ${c.store_y_block("row", "sum")}
     }
 }

@@ -42,7 +42,7 @@ ${signature("csr_vector")}
 % for k in range(items_per_thread):
         {
             const index_t j = window + ${k * work_group_size} + (index_t)lid;
-            products[${k * work_group_size} + lid] = (j < end) ? MUL(values[j], x[col_idx[j]]) : (real_t)0;
+            products[${k * work_group_size} + lid] = (j < end) ? MUL(LOADV(j, values), x[col_idx[j]]) : (real_t)0;
         }
 % endfor
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -90,7 +90,7 @@ ${signature("csr_vector")}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
         for (index_t j = row_ptr[row] + lane; j < end; j += VECTOR_SIZE)
-            sum += MUL(values[j], x[col_idx[j]]);
+            sum += MUL(LOADV(j, values), x[col_idx[j]]);
     }
     partial[lid] = sum;
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -18,7 +18,7 @@ ${signature("csr_vector_block")}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
         for (index_t j = row_ptr[row] + lane; j < end; j += VECTOR_SIZE)
-            sum += MULB(values[j], XROW(col_idx[j]));
+            sum += MULB(LOADV(j, values), XROW(col_idx[j]));
     }
     STOREB(sum, partial + lid * BLANES);
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -27,7 +27,7 @@ ${sc.slice_base()}
     for (index_t k = slice_ptr[slice]; k < end; k += C) {
         for (int lane = 0; lane < C; ++lane) {
             const index_t col = COL(k + lane);
-            const real_t product = MUL(values[k + lane], x[col < 0 ? 0 : col]);
+            const real_t product = MUL(LOADV(k + lane, values), x[col < 0 ? 0 : col]);
             sum[lane] += (col >= 0) ? product : (real_t)0;
         }
     }
@@ -58,7 +58,7 @@ ${sc.slice_base()}
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
             const index_t col = COL(k);
             if (col >= 0)
-                sum += MUL(values[k], x[col]);
+                sum += MUL(LOADV(k, values), x[col]);
         }
     }
 % if T > 1:
@@ -88,13 +88,15 @@ ${c.store_y("out", "sum")}
 ## column -1 and value 0; with has_perm, sell_positions inverts the sort (row r sits at
 ## position[r]); then one work-item per row scatters its entries: the k-th of row r,
 ## at position p = s*C + lane, to slot slice_ptr[s] + k*C + lane.  The host computes
-## only the sort and slice_ptr (one number per slice).
+## only the sort and slice_ptr (one number per slice).  csr_values are already in
+## value_t (rounded by store_values.mako with value_bits): LOADV then STOREV copies them
+## exactly.
 ${signature("sell_pad")}
 {
     const long slot = get_global_id(0);
     if (slot < n_slots) {
         col_idx_out[slot] = -1;
-        values_out[slot] = 0;
+        STOREV((real_t)0, slot, values_out);
     }
 }
 
@@ -122,7 +124,7 @@ ${signature("sell_scatter")}
         const index_t end = csr_row_ptr[row + 1];
         for (index_t j = csr_row_ptr[row]; j < end; ++j, slot += C) {
             col_idx_out[slot] = csr_col_idx[j];
-            values_out[slot] = csr_values[j];
+            STOREV(LOADV(j, csr_values), slot, values_out);
         }
     }
 }

@@ -24,7 +24,7 @@ ${sc.slice_base()}
         for (int lane = 0; lane < C; ++lane) {
             const index_t col = COL(k + lane);
             if (col >= 0)
-                sum[lane] += MULB(values[k + lane], XROW(col));
+                sum[lane] += MULB(LOADV(k + lane, values), XROW(col));
         }
     }
     for (int lane = 0; lane < C; ++lane) {
@@ -52,7 +52,7 @@ ${sc.slice_base()}
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
             const index_t col = COL(k);
             if (col >= 0)
-                sum += MULB(values[k], XROW(col));
+                sum += MULB(LOADV(k, values), XROW(col));
         }
     }
 % if T > 1:

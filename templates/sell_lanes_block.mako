@@ -22,7 +22,7 @@ ${sc.slice_base()}
         for (index_t k = slice_ptr[slice] + (index_t)r; k < end; k += C) {
             const index_t col = COL(k);
             if (col >= 0)
-                sum += MUL(values[k], xl[(long)col * ldx]);
+                sum += MUL(LOADV(k, values), xl[(long)col * ldx]);
         }
         const long out = ${"perm[row]" if has_perm else "row"};
 ${c.store_y_lane("out", "sum")}

@@ -144,10 +144,30 @@ COMPLEX_BLOCK_VARIANTS = {
              {"slice_height": 4, "sigma": 8, "col_bits": 16}],
 }
 
+# Reduced-precision value storage (value_bits, formats/storage.py): run in the quick
+# pass too, in each dtype (value_bits=32 in float64 only: it is float32's default), with
+# block products; the driver compares them with the matrix rounded as stored.  The
+# GPU-shaped entries convert on the device (sell's host input goes up as CSR there).
+VALUE_BITS_VARIANTS = {
+    "csr-scalar": [{"value_bits": 16, "work_group_size": 16},
+                   {"value_bits": 32, "block_mapping": "lanes", PROFILE: GPU32}],
+    "csr-vector": [{"value_bits": 16, "vector_size": 4, "work_group_size": 16,
+                    "reduction": "tree", "block_mapping": "items"},
+                   {"value_bits": 16, "mapping": "adaptive", "work_group_size": 16,
+                    "items_per_thread": 3, "reduction": "serial", PROFILE: GPU32}],
+    "sell": [{"value_bits": 16, "slice_height": 4, "sigma": 8, "mapping": "slices",
+              "work_group_size": 16},
+             {"value_bits": 16, "slice_height": 4, "sigma": 32, "mapping": "rows",
+              "threads_per_row": 2, "col_bits": 16, "work_group_size": 16, PROFILE: GPU32},
+             {"value_bits": 32, "slice_height": 8, "sigma": 1, "mapping": "rows",
+              "work_group_size": 16, PROFILE: GPU32}],
+}
+
 
 def variants(name):
     """``(label, device_override, params, all_dtypes)`` for every variant of format
-    ``name``: its defaults, its own sweep, then its defaults under each of ``PROFILES``.
+    ``name``: its defaults, its own sweep, then its defaults under each of ``PROFILES``,
+    then its ``VALUE_BITS_VARIANTS`` (labels ``bits<i>``).
     ``all_dtypes`` is False for the sweep's entries: the Oclgrind pass runs them in
     float32 only (the kernels differ from float64 only in the type), the defaults and
     profiles in both."""
@@ -158,4 +178,7 @@ def variants(name):
             out.append((f"v{i}", dict(entry.get(PROFILE, {})), params, False))
     for label, override in PROFILES.items():
         out.append((label, dict(override), {}, True))
+    for i, entry in enumerate(VALUE_BITS_VARIANTS.get(name, [])):
+        params = {k: v for k, v in entry.items() if k != PROFILE}
+        out.append((f"bits{i}", dict(entry.get(PROFILE, {})), params, True))
     return out

@@ -34,6 +34,7 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pyopencl as cl  # noqa: E402
 import pyopencl.array as cla  # noqa: E402
 from conftest import assert_close, reference  # noqa: E402
 from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, variants  # noqa: E402
@@ -85,6 +86,18 @@ def _keep_device_temporaries():
         setattr(cla, name, keeping(getattr(cla, name)))
     cla.Array.astype = keeping(cla.Array.astype)
 
+    # Every buffer, however made: a matrix given on the device is validated by pyopencl
+    # reductions whose temporaries come from none of the above, and the conversion's
+    # buffers that reused their ids read "uninitialised" in the product kernels (sell's
+    # col_idx after sell_scatter: "Uninitialized address" on x[col], a false positive
+    # that keeping the reductions' buffers removes).
+    class KeptBuffer(cl.Buffer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            KEEP.append(self)
+
+    cl.Buffer = KeptBuffer
+
 
 def corpus(rng):
     """Tiny matrices (<= 40 rows) with the structures formats trip on."""
@@ -114,6 +127,30 @@ def corpus(rng):
                                                                   np.ones(40, int))),
                                       shape=(40, 3)),
     }
+
+
+def as_stored(A, op):
+    """A with its values as ``op`` stores them (value_bits: rounded to the stored
+    type), the matrix its products must match at ``op.dtype``'s accuracy."""
+    stored = op._impl.value_dtype
+    if stored == op.dtype:
+        return A
+    A = sp.csr_matrix(A, dtype=np.float64, copy=True)
+    A.data = A.data.astype(op.dtype).astype(stored).astype(np.float64)
+    return A
+
+
+def reduced_on_device(A, name, dtype, dev, params, rng):
+    """value_bits with the matrix given on the device (rounded there by store_values,
+    and for sell scattered there): a beta == 0 product into a fresh buffer."""
+    queue = dev.queue
+    triple = (cla.to_device(queue, A.data.astype(dtype)),
+              cla.to_device(queue, A.indices.astype(np.int32)),
+              cla.to_device(queue, A.indptr.astype(np.int32)))
+    KEEP.extend(triple)
+    op = psc.SpMV(triple, shape=A.shape, format=name, dtype=dtype, device=dev, **params)
+    KEEP.append(op)
+    return products(op, as_stored(A, op), dtype, rng, full=False)
 
 
 def check(y, A, x, dtype, alpha=1.0, beta=0.0, y0=None):
@@ -298,7 +335,8 @@ def main(argv=None):
     parser.add_argument("--wide-complex-blocks", action="store_true",
                         help="the complex pass: block variants only, with width-8 blocks")
     parser.add_argument("--quick", action="store_true",
-                        help="each format's defaults, natively and under a GPU profile")
+                        help="each format's defaults, natively and under a GPU profile, "
+                        "and its value_bits variants")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # keep stderr for Oclgrind's reports
     _keep_device_temporaries()
@@ -315,12 +353,15 @@ def main(argv=None):
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes in variants(name):
-            if args.quick and label not in QUICK_VARIANTS:
+            reduced = label.startswith("bits")   # value_bits: VALUE_BITS_VARIANTS
+            if args.quick and label not in QUICK_VARIANTS and not reduced:
                 continue   # a sweep entry, or a profile the full pass covers
             dev = device.override(**override) if override else device
             for dtype in dtypes if all_dtypes else dtypes[:1]:
                 if dtype == np.float64 and not dev.profile.fp64:
                     continue
+                if reduced and params["value_bits"] >= dtype.itemsize * 8:
+                    continue   # the dtype's own width: its default, run above
                 for i, (mname, A) in enumerate(matrices.items()):
                     where = f"{name}/{label}/{dtype.name}/{mname}"
                     try:
@@ -338,13 +379,18 @@ def main(argv=None):
                         if op._impl.converting_on_device:
                             counts = summary["device_conversions"]
                             counts[name] = counts.get(name, 0) + 1
+                        if reduced and i == 0:
+                            summary["operators"] += 1
+                            summary["products"] += reduced_on_device(
+                                A, name, dtype, dev, params, rng)
+                        A = as_stored(A, op)
                         # The full set on the two structured matrices, beta == 0 elsewhere.
                         # Block kernels with each format's defaults (both dtypes in the
                         # full pass, float32 in the quick one): their compiles dominate
                         # Oclgrind's time.
                         summary["products"] += products(
                             op, A, dtype, rng, full=i < 2,
-                            blocks=label == "default" and (
+                            blocks=(label == "default" or reduced) and (
                                 not args.quick or dtype == np.float32))
                         if (label == "default" and name in LANES_FORMATS
                                 and (not args.quick or dtype == np.float32)):

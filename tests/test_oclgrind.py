@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import pytest
-from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, VARIANTS
+from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, VALUE_BITS_VARIANTS, VARIANTS
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats import get_format
@@ -106,7 +106,7 @@ def test_filter_keeps_real_reports():
 def test_variant_table_matches_the_formats():
     """Every parameter in tests/format_variants.py is one the format takes (a renamed
     parameter must not silently drop out of the Oclgrind pass)."""
-    for name, entries in VARIANTS.items():
+    for name, entries in [*VARIANTS.items(), *VALUE_BITS_VARIANTS.items()]:
         if name not in psc.formats():
             continue  # a format another change has not registered (yet)
         allowed = set(get_format(name).parameter_names())

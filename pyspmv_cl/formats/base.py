@@ -47,6 +47,7 @@ from ..launching import enqueue_launch, in_order
 from . import params as P
 from .builder import ProgramSpec, build_program, pow2_floor
 from .registry import registered
+from .storage import to_storage, to_storage_device, value_dtype
 
 # Room left below 2**31 so that 32-bit loop counters (j += vector size, ...) never wrap.
 INT32_LIMIT = 2**31 - 1 - 65536
@@ -251,6 +252,9 @@ class SpMVFormat:
         self.dtype = np.dtype(dtype)
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.params = dict(params)
+        #: The dtype the value arrays are stored in: ``dtype`` unless the format takes
+        #: ``value_bits`` and it asks for fewer bits (formats/storage.py).
+        self.value_dtype = value_dtype(self.name, self.dtype, self.params.get("value_bits"))
         #: What the caller asked for (None: the default), before the choice below.
         self.index_bits_asked = self.params.pop("index_bits", None)
         self.index_dtype = choose_index_dtype(self.shape[0], self.shape[1], csr.nnz,
@@ -279,7 +283,7 @@ class SpMVFormat:
         self.nbytes = int(sum(a.nbytes for a in host_arrays.values()) + sum(scratch.values()))
         #: The arrays holding values (what update_values rewrites): name -> element count.
         self.value_array_sizes = {name: arr.size for name, arr in host_arrays.items()
-                                  if arr.dtype == self.dtype}
+                                  if arr.dtype == self.value_dtype}
         if on_device:   # device arrays: keep them, their buffers are the matrix
             self._device_arrays = host_arrays
             self.buffers = {name: _buffer_of(arr, device.context)
@@ -322,7 +326,8 @@ class SpMVFormat:
 
     def convert(self, csr) -> dict:
         """Host arrays of this format, name -> numpy array (names as the kernels'
-        matrix arguments; value arrays in ``self.dtype``, no other array in it).
+        matrix arguments; value arrays in ``self.value_dtype``, which is ``self.dtype``
+        unless ``value_bits`` reduces it, no other array in it).
         ``analyse`` and ``convert`` work on the host only: update_values runs them
         again on a shallow copy of the format, with other values.  Host conversion today; a
         device-side conversion would be a second implementation of this step."""
@@ -490,6 +495,20 @@ class SpMVFormat:
         return event
 
     # -- shared helpers for formats ----------------------------------------------------
+    @property
+    def reduced_values(self) -> bool:
+        """Whether ``value_bits`` stores the values in fewer bits than ``dtype``."""
+        return self.value_dtype != self.dtype
+
+    def stored_values(self, data) -> np.ndarray:
+        """Host values as the value arrays hold them: rounded to ``dtype``, then to
+        ``value_dtype`` (overflow refused: formats/storage.py)."""
+        return to_storage(self.name, data, self.dtype, self.value_dtype)
+
+    def stored_values_device(self, data):
+        """The same on the device, for a pyopencl array in ``dtype`` (a new array)."""
+        return to_storage_device(self, data)
+
     def check_group_size(self, param: str = "work_group_size", local_bytes=None) -> int:
         """Validate ``self.params[param]`` against the device: at most its maximum
         work-group size, and within its local memory (``local_bytes(size)``)."""

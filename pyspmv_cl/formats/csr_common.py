@@ -5,10 +5,12 @@ from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from . import params as P
 from .base import SpMVFormat
 from .lanes import LanesBlocks
+from .storage import VALUE_BITS, full_bits
 
-#: row_ptr, col_idx, values as the CSR kernels declare them.
+#: row_ptr, col_idx, values as the CSR kernels declare them (values in value_t: the
+#: operator's type, or fewer bits with ``value_bits``, read through LOADV).
 CSR_ARRAYS = (matrix("row_ptr", "index_t"), matrix("col_idx", "index_t"),
-              matrix("values", "real_t"))
+              matrix("values", "value_t"))
 #: The arguments of a kernel with one row (or group of work-items) per row.
 CSR_ROW_ARGS = (scalar("n_rows", "long"), *CSR_ARRAYS, *PRODUCT_ARGS)
 #: The same for a block kernel (KB vectors at once).
@@ -27,6 +29,14 @@ BLOCK_MAPPING = P.Param("block_mapping", P.one_of(*BLOCK_MAPPINGS),
 
 def default_block_mapping(profile) -> str:
     return "lanes" if profile.is_gpu else "items"
+
+
+#: ``value_bits`` (formats/storage.py), declared by both CSR formats.
+CSR_VALUE_BITS = VALUE_BITS
+
+
+def default_value_bits(dtype) -> int:
+    return full_bits(dtype)
 
 
 class CSRFormatBase(LanesBlocks, SpMVFormat):
@@ -49,17 +59,24 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
     def lanes_matrix_args(self):
         return (scalar("n_rows", "long"), *CSR_ARRAYS)
 
+    def template_params(self):
+        return {"value_bits": self.params.get("value_bits")}
+
     def convert(self, csr):
         return {
             "row_ptr": csr.indptr.astype(self.index_dtype, copy=False),
             "col_idx": csr.indices.astype(self.index_dtype, copy=False),
-            "values": csr.data.astype(self.dtype, copy=False),
+            "values": self.stored_values(csr.data),
         }
 
     def convert_device(self, csr):
         queue = self.device.queue
+        if self.reduced_values:   # rounded on the device (formats/storage.py)
+            values = self.stored_values_device(csr.as_type("data", self.dtype, queue))
+        else:
+            values = csr.as_type("data", self.dtype, queue, copy=True)
         arrays = {"row_ptr": csr.as_type("indptr", self.index_dtype, queue, copy=True),
                   "col_idx": csr.as_type("indices", self.index_dtype, queue, copy=True),
-                  "values": csr.as_type("data", self.dtype, queue, copy=True)}
+                  "values": values}
         queue.finish()   # ordered before any product, whatever the queue's order
         return arrays

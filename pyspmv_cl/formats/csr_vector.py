@@ -33,8 +33,10 @@ from .csr_common import (
     CSR_ARRAYS,
     CSR_ROW_ARGS,
     CSR_ROW_BLOCK_ARGS,
+    CSR_VALUE_BITS,
     CSRFormatBase,
     default_block_mapping,
+    default_value_bits,
 )
 from .registry import register
 
@@ -112,6 +114,7 @@ class CSRVector(CSRFormatBase):
         P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
                 "entries each work-item reads per window (mapping='adaptive')"),
         BLOCK_MAPPING,
+        CSR_VALUE_BITS,
     )
 
     # Block kernels for mapping="rows" (the adaptive mapping multiplies column by column).
@@ -136,7 +139,8 @@ class CSRVector(CSRFormatBase):
         reduction = "serial" if profile.is_cpu else "tree"
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction,
                 "mapping": "rows", "items_per_thread": None,
-                "block_mapping": default_block_mapping(profile)}
+                "block_mapping": default_block_mapping(profile),
+                "value_bits": default_value_bits(dtype)}
 
     @staticmethod
     def _adaptive_defaults(rows, profile, dtype):
@@ -240,7 +244,8 @@ class CSRVector(CSRFormatBase):
         return self.params["mapping"] == "adaptive"
 
     def template_params(self):
-        return {"vector_size": self.params["vector_size"], "reduction": self.params["reduction"],
+        return {**super().template_params(),
+                "vector_size": self.params["vector_size"], "reduction": self.params["reduction"],
                 "mapping": self.params["mapping"],
                 "items_per_thread": self.params["items_per_thread"]}
 

@@ -15,6 +15,10 @@ than 65535 columns (banded, finite-element and reordered matrices): 2 bytes a sl
 instead of 4, a quarter of float32's traffic.  A matrix with a wider slice is refused
 (``FormatNotSuitableError``).
 
+``value_bits=16`` (float32 or float64 operators) stores the values as IEEE half and
+``value_bits=32`` (float64) as float32, accumulated in the operator's type
+(formats/storage.py): opt-in, never chosen by the tuner.
+
 Two work mappings, both rendered into the kernel:
 
 * ``mapping="rows"`` (GPUs): ``threads_per_row`` (T) work-items per row, C*T per
@@ -44,6 +48,7 @@ from .base import (
 )
 from .lanes import LanesBlocks
 from .registry import register
+from .storage import VALUE_BITS, full_bits
 
 SLICE_HEIGHTS = (1, 2, 4, 8, 16, 32, 64)
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32, 64)
@@ -189,6 +194,7 @@ class SELL(LanesBlocks, SpMVFormat):
         P.Param("col_bits", P.one_of(*COL_BITS),
                 "bits of a stored column: 16 = an offset from the slice's smallest column "
                 "(slices spanning under 65535 columns)"),
+        VALUE_BITS,
         P.work_group_size(),
     )
 
@@ -204,14 +210,15 @@ class SELL(LanesBlocks, SpMVFormat):
             # 64 slices per group: PoCL runs a group as one loop on one thread, which
             # then streams 64 * C consecutive rows of the arrays.
             return {"slice_height": C, "sigma": "auto", "mapping": "slices",
-                    "threads_per_row": 1, "col_bits": 32,
+                    "threads_per_row": 1, "col_bits": 32, "value_bits": full_bits(dtype),
                     "work_group_size": min(64, profile.max_work_group_size)}
         T = default_threads_per_row(features, profile, C)
         wg = max(128, C * T)  # a few warps per group, at least one slice
         if wg > profile.max_work_group_size:
             wg = C * T
         return {"slice_height": C, "sigma": "auto", "mapping": "rows",
-                "threads_per_row": T, "col_bits": 32, "work_group_size": wg}
+                "threads_per_row": T, "col_bits": 32, "value_bits": full_bits(dtype),
+                "work_group_size": wg}
 
     @classmethod
     def tuning_candidates(cls, features, profile, dtype, csr=None):
@@ -315,13 +322,14 @@ class SELL(LanesBlocks, SpMVFormat):
         p = self.params
         return {"slice_height": p["slice_height"], "mapping": p["mapping"],
                 "threads_per_row": p["threads_per_row"], "has_perm": self._has_perm,
-                "col_bits": p["col_bits"], "device_conversion": self.converting_on_device}
+                "col_bits": p["col_bits"], "value_bits": p["value_bits"],
+                "device_conversion": self.converting_on_device}
 
     def _matrix_args(self):
         columns = ((matrix("col_base", "index_t"), matrix("col_off", "ushort"))
                    if self.params["col_bits"] == 16 else (matrix("col_idx", "index_t"),))
         args = (scalar("n_rows", "long"), scalar("n_slices", "long"),
-                matrix("slice_ptr", "index_t"), *columns, matrix("values", "real_t"))
+                matrix("slice_ptr", "index_t"), *columns, matrix("values", "value_t"))
         if self._has_perm:
             args += (matrix("perm", "index_t"),)
         return args
@@ -331,18 +339,18 @@ class SELL(LanesBlocks, SpMVFormat):
         if self.converting_on_device:
             specs.append(KernelSpec("sell_pad", (
                 scalar("n_slots", "long"), scratch("col_idx_out", "index_t"),
-                scratch("values_out", "real_t"))))
+                scratch("values_out", "value_t"))))
             if self._has_perm:
                 specs.append(KernelSpec("sell_positions", (
                     scalar("n_rows", "long"), scratch("perm_in", "index_t", read_only=True),
                     scratch("position_out", "index_t"))))
             specs.append(KernelSpec("sell_scatter", (
                 scalar("n_rows", "long"), matrix("csr_row_ptr", "index_t"),
-                matrix("csr_col_idx", "index_t"), matrix("csr_values", "real_t"),
+                matrix("csr_col_idx", "index_t"), matrix("csr_values", "value_t"),
                 scratch("slice_ptr_in", "index_t", read_only=True),
                 *((scratch("position_in", "index_t", read_only=True),)
                   if self._has_perm else ()),
-                scratch("col_idx_out", "index_t"), scratch("values_out", "real_t"))))
+                scratch("col_idx_out", "index_t"), scratch("values_out", "value_t"))))
             if self.params["col_bits"] == 16:
                 specs.append(KernelSpec("sell_compress", (
                     scalar("n_slices", "long"),
@@ -389,9 +397,9 @@ class SELL(LanesBlocks, SpMVFormat):
         slot = np.arange(0, csr.nnz * C, C, dtype=np.int64)
         slot += np.repeat(row_base, row_lengths)
         col_idx = np.full(int(slice_ptr[-1]), -1, dtype=self.index_dtype)
-        values = np.zeros(int(slice_ptr[-1]), dtype=self.dtype)
+        values = np.zeros(int(slice_ptr[-1]), dtype=self.value_dtype)
         col_idx[slot] = csr.indices
-        values[slot] = csr.data
+        values[slot] = self.stored_values(csr.data)
         return {**self._layout_arrays(perm, slice_ptr), **self._columns(col_idx, slice_ptr),
                 "values": values}
 
@@ -421,7 +429,7 @@ class SELL(LanesBlocks, SpMVFormat):
         queue = self.device.queue
         n_slots = int(slice_ptr[-1])
         col_idx = cla.empty(queue, n_slots, self.index_dtype)
-        values = cla.empty(queue, n_slots, self.dtype)
+        values = cla.empty(queue, n_slots, self.value_dtype)
         arrays = {name: cla.to_device(queue, arr)
                   for name, arr in self._layout_arrays(perm, slice_ptr).items()}
         wg = min(SCATTER_GROUP, self.profile.max_work_group_size)
@@ -443,7 +451,7 @@ class SELL(LanesBlocks, SpMVFormat):
                 "sell_scatter", round_up(m, wg), wg, n_rows=m,
                 csr_row_ptr=csr.as_type("indptr", self.index_dtype, queue).base_data,
                 csr_col_idx=csr.as_type("indices", self.index_dtype, queue).base_data,
-                csr_values=csr.as_type("data", self.dtype, queue).base_data,
+                csr_values=self._csr_values(csr, queue).base_data,
                 slice_ptr_in=arrays["slice_ptr"].base_data, **where,
                 col_idx_out=col_idx.base_data, values_out=values.base_data))
         if self.params["col_bits"] == 16:
@@ -451,6 +459,12 @@ class SELL(LanesBlocks, SpMVFormat):
                     "values": values}
         self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
+
+    def _csr_values(self, csr, queue):
+        """The CSR values in the stored type: as given (cast to ``dtype``), or rounded
+        on the device with ``value_bits`` (formats/storage.py)."""
+        values = csr.as_type("data", self.dtype, queue)
+        return self.stored_values_device(values) if self.reduced_values else values
 
     def _compress_device(self, col_idx, slice_ptr, steps):
         """col_bits=16 on the device: ``sell_compress`` (a work-item per slice) finds

@@ -10,6 +10,10 @@ on an update is the upload of the values in CSR order and one scatter kernel per
 array on the device.  A format whose
 conversion does not place each value in exactly one slot (it would merge or drop
 entries) is detected, and its updates re-run the host conversion of the values instead.
+
+With ``value_bits`` (formats/storage.py) the new values are rounded to the stored type
+on the host, as the construction rounds them (a finite value that overflows it is
+refused before anything changes), and moved into place as they are.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..codegen import KernelSpec, matrix, scalar, scratch
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from .base import upload, upload_all
 from .builder import ProgramSpec, build_program
+from .storage import to_storage
 
 WORK_GROUP_SIZE = 64
 SCATTER = ProgramSpec("scatter_values.mako", (KernelSpec("scatter_values", (
@@ -31,12 +36,14 @@ SCATTER = ProgramSpec("scatter_values.mako", (KernelSpec("scatter_values", (
     matrix("src", "real_t"), scratch("dst", "real_t"))),))
 
 
-def host_arrays(fmt, csr, dtype) -> dict:
-    """The format's host arrays for ``csr`` with values in ``dtype``, from a shallow
-    copy of the format (its ``analyse`` then ``convert``: both host-side), so the
-    operator's own state is left as it is."""
+def host_arrays(fmt, csr, dtype, value_dtype=None) -> dict:
+    """The format's host arrays for ``csr`` with values in ``dtype`` (stored in
+    ``value_dtype``, by default ``dtype``), from a shallow copy of the format (its
+    ``analyse`` then ``convert``: both host-side), so the operator's own state is left
+    as it is."""
     twin = copy.copy(fmt)
     twin.dtype = np.dtype(dtype)
+    twin.value_dtype = np.dtype(value_dtype or dtype)
     twin.params = dict(fmt.params)
     twin.analyse(csr)
     return twin.convert(csr)
@@ -102,8 +109,10 @@ class ValueUpdater:
             self.nbytes += 2 * slots.size * idx.itemsize
         if not self.device_layout:
             return
-        kernels, _ = build_program(fmt.device, SCATTER, dtype=fmt.dtype, index_dtype=idx,
-                                   work_group_size=WORK_GROUP_SIZE)
+        # The values are rounded to the stored type on the host (update): the kernel
+        # moves them as they are (half values as their 16-bit patterns).
+        kernels, _ = build_program(fmt.device, SCATTER, dtype=_moved_dtype(fmt.value_dtype),
+                                   index_dtype=idx, work_group_size=WORK_GROUP_SIZE)
         self.kernel = kernels["scatter_values"]   # this updater's own kernel object
 
     def update(self, queue, data) -> None:
@@ -111,25 +120,29 @@ class ValueUpdater:
         returns when the device holds them."""
         fmt = self.fmt
         data = np.ascontiguousarray(data, dtype=fmt.dtype)
+        if fmt.value_dtype != fmt.dtype:   # value_bits: rounded here, overflow refused
+            stored = to_storage(fmt.name, data, fmt.dtype, fmt.value_dtype, update=True)
+        else:
+            stored = data
         if self.layout is None:   # the format's host conversion, values only
             indices, indptr = self.structure
             csr = sp.csr_matrix(fmt.shape, dtype=fmt.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
-            arrays = host_arrays(fmt, csr, fmt.dtype)
+            arrays = host_arrays(fmt, csr, fmt.dtype, fmt.value_dtype)
             events = [cl.enqueue_copy(queue, fmt.buffers[name], arrays[name],
                                       is_blocking=False) for name in fmt.value_array_sizes]
             cl.wait_for_events(events)
             return
         # A direct array holds data[:size] (identity slots and sources).
         sizes = fmt.value_array_sizes
-        events = [cl.enqueue_copy(queue, fmt.buffers[name], data[:sizes[name]],
+        events = [cl.enqueue_copy(queue, fmt.buffers[name], stored[:sizes[name]],
                                   is_blocking=False)
                   for name in self.direct if sizes[name]]
         if not self.device_layout:
             if events:
                 cl.wait_for_events(events)
             return
-        src = upload(queue, data)
+        src = upload(queue, stored)
         spec, types = SCATTER.kernels[0], fmt.scalar_types()
         for name, (count, slots, sources) in self.device_layout.items():
             if not count:
@@ -144,6 +157,12 @@ class ValueUpdater:
         if events:
             cl.wait_for_events(events)
         src.release()
+
+
+def _moved_dtype(dtype):
+    """The type the scatter kernel moves values of ``dtype`` as: half values (which
+    OpenCL C cannot load without cl_khr_fp16) as their 16-bit patterns."""
+    return np.dtype(np.uint16) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
 def _is_identity(positions) -> bool:
