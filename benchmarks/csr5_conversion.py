@@ -19,6 +19,7 @@ The device-converted operator's product is checked against scipy's float64 one f
 
     python benchmarks/csr5_conversion.py --device 0:0 --json R.json \\
         random:100000,10 powerlaw:200000,5 cage10 astro-ph
+    python benchmarks/csr5_conversion.py --device nvidia --replicate-to 2e7 cage10
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec, resolve_name
+from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
 from pyspmv_cl.device_inputs import DeviceCSR
 from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import get_format
@@ -142,6 +143,8 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per column")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a csr5 parameter (omega, sigma, ...), repeatable")
+    parser.add_argument("--replicate-to", type=float, default=0,
+                        help="replicate each matrix block-diagonally to this many non-zeros")
     parser.add_argument("--json", help="write the rows here as JSON")
     args = parser.parse_args(argv)
     device = psc.get_device(args.device)
@@ -154,7 +157,8 @@ def main(argv=None):
     print(header, flush=True)
     rows = []
     for spec in args.matrices:
-        label, A = from_spec(resolve_name(spec, MATRIX_DIR))
+        label, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)),
+                                args.replicate_to)
         if A.dtype.kind == "c":
             A = A.real.tocsr()
         row = measure(label, A, device, dtype, given, args.repeat)
