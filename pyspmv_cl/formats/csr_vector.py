@@ -307,17 +307,28 @@ class CSRVector(CSRFormatBase):
         row would take one group more than ``ADAPTIVE_MAX_WINDOWS`` windows (a power-law
         graph's hub rows: 1.2-3.7 ms against csr5's 0.13).  The adaptive default then
         comes first: the tuner's first pass times each format's first candidate only,
-        and on an H200 it beat the row mapping on 4 of 5 irregular matrices."""
+        and on an H200 it beat the row mapping on 4 of 5 irregular matrices.
+
+        GPUs get the merge mapping (default shape) second where rows are irregular (row
+        spread at least ``MERGE_MIN_SPREAD``: astro-ph, Groebner_id2003_aug), so that the
+        tuner's second pass, which times three alternatives of the best formats, always
+        tries it there: its work per work-item does not depend on the row lengths, and
+        only one partial sum per work-item goes through local memory (the adaptive
+        mapping stages every product).  Not on CPUs: on PoCL (2 cores) it was neither
+        consistently faster nor slower than the row mapping."""
         vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
         rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
                                         for v in (vs // 2, vs // 4) if v >= 2]
+        merge = ([{"mapping": "merge"}] if profile.is_gpu
+                 and features.row_spread >= MERGE_MIN_SPREAD else [])
         adaptive = [{"mapping": "adaptive", **shape}
                     for shape in ({}, {"work_group_size": 256, "items_per_thread": 4})
                     if cls.adaptive_suits(features, profile, {**adaptive_shape(dtype), **shape})]
         if not adaptive:
-            return rows
-        # Adaptive default, the row default, the other adaptive shape, narrower vectors.
-        return adaptive[:1] + rows[:1] + adaptive[1:] + rows[1:]
+            return rows[:1] + merge + rows[1:]
+        # Adaptive default, merge, the row default, the other adaptive shape, narrower
+        # vectors.
+        return adaptive[:1] + merge + rows[:1] + adaptive[1:] + rows[1:]
 
     @property
     def _adaptive(self):
