@@ -61,8 +61,9 @@ KEEP = _Keep()
 
 
 #: The quick pass (the default test run): each format's defaults on the real device and
-#: under a GPU-shaped profile (which also converts on the device); the full pass adds
-#: the other profiles and every format's own sweep.
+#: under a GPU-shaped profile (which also converts on the device), and the sweep entries
+#: format_variants.py marks QUICK; the full pass adds the other profiles and every
+#: format's own sweep.
 QUICK_VARIANTS = ("default", "gpu32")
 # Formats with both block mappings (block_mapping: "lanes" on GPUs, "items" on CPUs):
 # their block products run with each.
@@ -313,8 +314,8 @@ def main(argv=None):
     for name in [] if args.only_complex or args.wide_complex_blocks else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
-        for label, override, params, all_dtypes in variants(name):
-            if args.quick and label not in QUICK_VARIANTS:
+        for label, override, params, all_dtypes, quick in variants(name):
+            if args.quick and label not in QUICK_VARIANTS and not quick:
                 continue   # a sweep entry, or a profile the full pass covers
             dev = device.override(**override) if override else device
             for dtype in dtypes if all_dtypes else dtypes[:1]:
