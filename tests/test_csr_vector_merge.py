@@ -187,13 +187,16 @@ def test_refusals(params, match, device, rng):
 
 
 def test_defaults(device, rng):
-    """mapping='merge' alone: groups of 128 (at most the device's), 8 items, no vector
-    size; the reduction follows the device type like the other mappings'."""
+    """mapping='merge' alone: groups of 128 (at most the device's) and 8 items on GPUs,
+    64 and 32 on CPUs, no vector size; the reduction follows the device type like the
+    other mappings'."""
     A = CASES["row_length_sweep"](rng)
-    for dev, reduction in ((device.override(device_type="gpu", simd_width=32), "tree"),
-                           (device.override(device_type="cpu"), "serial")):
+    for dev, wg, items, reduction in (
+            (device.override(device_type="gpu", simd_width=32), 128, 8, "tree"),
+            (device.override(device_type="cpu"), 64, 32, "serial")):
         op = merge_op(A, dev, np.float32)
         p = op.params
-        assert (p["items_per_thread"], p["vector_size"], p["reduction"]) == (8, None,
+        assert (p["items_per_thread"], p["vector_size"], p["reduction"]) == (items, None,
                                                                              reduction)
-        assert p["work_group_size"] == min(128, dev.profile.max_work_group_size)
+        assert p["work_group_size"] == min(wg, dev.profile.max_work_group_size)
+        check_all(op, A, np.float32, rng)

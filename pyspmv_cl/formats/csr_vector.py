@@ -76,9 +76,13 @@ ADAPTIVE_MAX_WINDOWS = 8
 # The adaptive mapping's default shape (work-group size, entries per work-item; see
 # adaptive_shape for values wider than 4 bytes).
 ADAPTIVE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
-# The merge mapping's default shape (work-group size, merge items per work-item): CUB's
-# 128 x 7 rounded to a power of two; nothing is staged per item, so wide values keep it.
+# The merge mapping's default shapes (work-group size, merge items per work-item).  GPUs:
+# CUB's 128 x 7 rounded to a power of two; nothing is staged per item, so wide values
+# keep it.  CPUs: longer work-items (fewer searches and groups, PoCL runs a group as a
+# loop): on PoCL (2 cores, float32, 2M non-zeros) 64 x 32 ran astro-ph, cage10 and
+# rajat01 in 6.2, 5.9 and 7.0 ms against 11.4, 12.4 and 15.8 with 128 x 8.
 MERGE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
+MERGE_DEFAULT_CPU = {"work_group_size": 64, "items_per_thread": 32}
 # Row spread (std/mean of the row lengths) from which the GPU tuner times the merge
 # mapping (sell's REGULAR_SPREAD: astro-ph 1.45, Groebner_id2003_aug 2.78; cage10,
 # szdMat, wathenSmall, fe_4elt2 0.15-0.30).
@@ -220,11 +224,13 @@ class CSRVector(CSRFormatBase):
 
     @staticmethod
     def _merge_defaults(rows, profile):
-        """Merge: groups of 128 (at most the device's), 8 merge items per work-item
-        (``MERGE_DEFAULT``), no vector size."""
+        """Merge: groups of 128 (at most the device's) and 8 merge items per work-item
+        (``MERGE_DEFAULT``), 64 and 32 on CPUs (``MERGE_DEFAULT_CPU``); no vector
+        size."""
+        shape = MERGE_DEFAULT_CPU if profile.is_cpu else MERGE_DEFAULT
         return {**rows, "mapping": "merge", "vector_size": None,
-                "items_per_thread": MERGE_DEFAULT["items_per_thread"],
-                "work_group_size": pow2_floor(min(MERGE_DEFAULT["work_group_size"],
+                "items_per_thread": shape["items_per_thread"],
+                "work_group_size": pow2_floor(min(shape["work_group_size"],
                                                   profile.max_work_group_size))}
 
     @staticmethod
@@ -314,8 +320,10 @@ class CSRVector(CSRFormatBase):
         tuner's second pass, which times three alternatives of the best formats, always
         tries it there: its work per work-item does not depend on the row lengths, and
         only one partial sum per work-item goes through local memory (the adaptive
-        mapping stages every product).  Not on CPUs: on PoCL (2 cores) it was neither
-        consistently faster nor slower than the row mapping."""
+        mapping stages every product).  Not on CPUs: on PoCL (2 shared cores, float64,
+        2M non-zeros) its CPU shape ran astro-ph, Groebner_id2003_aug, cage10 and
+        rajat01 in 3.9, 2.3, 3.2 and 3.7 ms against the row mapping's 4.2, 2.4, 2.7 and
+        4.4, and sell (the CPU choice) took 1.0-1.3 ms."""
         vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
         rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
                                         for v in (vs // 2, vs // 4) if v >= 2]
