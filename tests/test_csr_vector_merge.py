@@ -124,6 +124,19 @@ def test_deterministic(device, rng):
             np.testing.assert_array_equal(op @ x, first)
 
 
+def test_64_bit_positions(device, rng, monkeypatch):
+    """Merge positions in 64 bits (chosen where m + nnz passes 32-bit indices), forced
+    on a small matrix, with 32- and 64-bit indices."""
+    from pyspmv_cl.formats import csr_vector
+
+    monkeypatch.setattr(csr_vector, "fits_int32", lambda *sizes: False)
+    A = structured(rng)
+    for bits in (32, 64):
+        op = merge_op(A, device, work_group_size=8, items_per_thread=4, index_bits=bits)
+        assert op._impl.pos_dtype == np.int64 and op.params["index_bits"] == bits
+        check_all(op, A, np.float64, rng)
+
+
 def test_merge_groups_literal():
     """Rows of 3, 0, 5, 1 entries merge as e e e | | e e e e e | e |: items 0..12, the
     row ends at 3, 4, 10 and 12.  Groups of 4 items start at items 0, 4, 8, 12: in rows
