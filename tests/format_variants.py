@@ -134,6 +134,15 @@ VARIANTS = {
     ],
 }
 
+# Complex64 variants of the single-vector kernels for the Oclgrind complex pass (which
+# runs every complex format's defaults anyway): kernels no default picks.
+COMPLEX_VARIANTS = {
+    "csr-vector": [{"mapping": "merge", "work_group_size": 4, "items_per_thread": 3,
+                    "reduction": "tree"},
+                   {"mapping": "merge", "work_group_size": 8, "items_per_thread": 2,
+                    "reduction": "serial"}],
+}
+
 # Complex64 block-kernel variants for the Oclgrind complex pass: the items kernels (one
 # per format, both of sell's mappings and both of csr-vector's reductions; ell's and
 # sell's under a CPU profile, since Oclgrind counts as a GPU and complex ell/sell take

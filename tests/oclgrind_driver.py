@@ -36,7 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyopencl.array as cla  # noqa: E402
 from conftest import assert_close, reference  # noqa: E402
-from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, variants  # noqa: E402
+from format_variants import (  # noqa: E402
+    COMPLEX_BLOCK_VARIANTS,
+    COMPLEX_VARIANTS,
+    PROFILE,
+    variants,
+)
 from matrix_cases import csr_from_row_lengths, magnitudes  # noqa: E402
 
 import pyspmv_cl as psc  # noqa: E402
@@ -232,20 +237,24 @@ def ccheck(y, ref, A, x, dtype, extra=0.0):
 
 
 def complex_pass(device, names, matrices, rng, summary, wide=False):
-    """Each complex-capable format with its defaults, complex64, on the corpus (not
-    with ``wide``), then its block variants (:func:`complex_block_pass`)."""
+    """Each complex-capable format with its defaults and its COMPLEX_VARIANTS,
+    complex64, on the corpus (not with ``wide``), then its block variants
+    (:func:`complex_block_pass`)."""
     dtype = np.dtype(np.complex64)
     for name in names:
         if not get_format(name).complex_values:
             continue
         t0 = time.perf_counter()
-        for mname, A in {} if wide else matrices.items():
+        runs = [] if wide else [(mname, A, params) for params in
+                                [{}] + COMPLEX_VARIANTS.get(name, [])
+                                for mname, A in matrices.items()]
+        for mname, A, params in runs:
             A = sp.csr_matrix(A, dtype=np.complex128)
             A.data = A.data * (1 - 0.5j) + 0.25j   # explicit zeros become non-zero
-            where = f"{name}/complex64/{mname}"
+            where = f"{name}/complex64/{mname}" + (f" {params}" if params else "")
             try:
                 try:
-                    op = psc.SpMV(A, format=name, dtype=dtype, device=device)
+                    op = psc.SpMV(A, format=name, dtype=dtype, device=device, **params)
                 except psc.FormatNotSuitableError as exc:
                     if not get_format(name).may_refuse:
                         raise

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import pytest
-from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, QUICK, VARIANTS
+from format_variants import COMPLEX_BLOCK_VARIANTS, COMPLEX_VARIANTS, PROFILE, QUICK, VARIANTS
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats import get_format
@@ -279,9 +279,10 @@ def run_complex_pass(driver_args, flags=OCLGRIND_FLAGS):
 
 
 def test_complex_clean_under_oclgrind():
-    """complex64 under every flag: each complex-capable format's defaults on the corpus,
-    and the block variants of format_variants.py (csr-scalar, csr-vector's row
-    mapping, ell, sell's two mappings) with blocks of width 4, 2 and 1, A^H's too."""
+    """complex64 under every flag: each complex-capable format's defaults and
+    COMPLEX_VARIANTS (csr-vector's merge mapping) on the corpus, and the block variants
+    of format_variants.py (csr-scalar, csr-vector's row mapping, ell, sell's two
+    mappings) with blocks of width 4, 2 and 1, A^H's too."""
     summary = run_complex_pass(["--only-complex"])
     complex_formats = {n for n in psc.formats() if get_format(n).complex_values}
     timed = summary["per_format_s"]
@@ -289,7 +290,9 @@ def test_complex_clean_under_oclgrind():
     assert {n.split("/")[0] for n in timed if n.endswith("/complex-block")} == set(
         COMPLEX_BLOCK_VARIANTS)
     block_operators = 2 * sum(len(v) for v in COMPLEX_BLOCK_VARIANTS.values())
-    assert summary["operators"] >= 5 * len(complex_formats) + block_operators
+    variant_operators = 5 * sum(len(v) for v in COMPLEX_VARIANTS.values())
+    assert summary["operators"] >= (5 * len(complex_formats) + block_operators
+                                    + variant_operators)
 
 
 def test_wide_complex_blocks_under_oclgrind():
