@@ -320,10 +320,12 @@ class CSRVector(CSRFormatBase):
         tuner's second pass, which times three alternatives of the best formats, always
         tries it there: its work per work-item does not depend on the row lengths, and
         only one partial sum per work-item goes through local memory (the adaptive
-        mapping stages every product).  Not on CPUs: on PoCL (2 shared cores, float64,
-        2M non-zeros) its CPU shape ran astro-ph, Groebner_id2003_aug, cage10 and
-        rajat01 in 3.9, 2.3, 3.2 and 3.7 ms against the row mapping's 4.2, 2.4, 2.7 and
-        4.4, and sell (the CPU choice) took 1.0-1.3 ms."""
+        mapping stages every product).  Not on CPUs, where csr-vector is not the
+        format to tune: on PoCL (2 shared cores, 2M non-zeros) the merge mapping's CPU
+        shape beat the row mapping in float32 (astro-ph, Groebner_id2003_aug, cage10:
+        3.2, 2.0, 2.9 ms against 5.2, 2.7, 4.2) but not always in float64 (with
+        rajat01: 3.9, 2.3, 3.2, 3.7 against 4.2, 2.4, 2.7, 4.4), and sell, the CPU
+        choice, took 0.7-0.8 ms (float32) and 1.0-1.3 ms (float64)."""
         vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
         rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
                                         for v in (vs // 2, vs // 4) if v >= 2]
