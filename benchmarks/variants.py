@@ -1,5 +1,6 @@
 """Format and parameter variants of ``Ax`` against cuSPARSE, on device arrays (the
-sweeps behind the GPU defaults: which shape of a kernel suits which matrices).
+sweeps behind the GPU defaults: which shape of a kernel suits which matrices).  Without
+CuPy (a CPU device) the cuSPARSE columns are left empty (None in the JSON).
 
 For each matrix (replicated to ``--replicate-to`` non-zeros) and dtype, every variant of
 ``--variants`` (a JSON list of ``[format, {param: value}]``; ``"auto"`` is tuned first
@@ -38,13 +39,17 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    import cupy
+    try:   # without CuPy (a CPU device, say) the cuSPARSE columns stay empty
+        import cupy
 
-    from pyspmv_cl.bench.peers import _CuSparseSpMV
+        from pyspmv_cl.bench.peers import _CuSparseSpMV
+        sync = cupy.cuda.runtime.deviceSynchronize
+    except ImportError:
+        cupy = None
+        print("CuPy not found: no cuSPARSE timings", file=sys.stderr)
 
     variants = json.loads(args.variants)
     rng, timer, rows = np.random.default_rng(0), Timer(20), []
-    sync = cupy.cuda.runtime.deviceSynchronize
     for spec in args.matrices:
         label, A0 = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)),
                                  args.replicate_to)
@@ -52,7 +57,9 @@ def main(argv=None):
             A = with_values(A0, dt, rng)
             x = random_block(rng, A.shape[1], dt)
             want = A.astype(np.complex128) @ x
-            peer, x_cuda = _CuSparseSpMV(A, np.dtype(dt), "N"), cupy.asarray(x)
+            peer = x_cuda = None
+            if cupy is not None:
+                peer, x_cuda = _CuSparseSpMV(A, np.dtype(dt), "N"), cupy.asarray(x)
             for fmt, params in variants:
                 try:
                     op = psc.SpMV(A, device=args.device, format=fmt, **params)
@@ -75,16 +82,19 @@ def main(argv=None):
 
                 for _ in range(args.rounds):
                     ours.append(timer(product, q.finish))
-                    cusparse.append(timer(peer_product, sync))
-                t, c = statistics.median(ours), statistics.median(cusparse)
+                    if peer is not None:
+                        cusparse.append(timer(peer_product, sync))
+                t = statistics.median(ours)
+                c = statistics.median(cusparse) if cusparse else None
                 rows.append({"matrix": label, "dtype": dt, "asked": fmt, "given": params,
                              "format": op.format,
                              "params": {k: str(v) for k, v in op.params.items()},
-                             "us": t * 1e6, "cusparse_us": c * 1e6, "ratio": c / t,
-                             "rel_err": err})
+                             "us": t * 1e6, "cusparse_us": None if c is None else c * 1e6,
+                             "ratio": None if c is None else c / t, "rel_err": err})
+                peer_text = (f"cuSPARSE {c * 1e6:8.1f} ratio {c / t:5.2f}" if c is not None else
+                             "cuSPARSE        - ratio     -")
                 print(f"{label} {dt} {fmt:10s} {json.dumps(params):60s} {t * 1e6:8.1f} "
-                      f"cuSPARSE {c * 1e6:8.1f} ratio {c / t:5.2f} err {err:.1e}",
-                      flush=True)
+                      f"{peer_text} err {err:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -7,8 +7,138 @@
 ## each barrier splits the work-item loop and costs more than the additions).
 ## mapping = "adaptive": see pyspmv_cl/formats/csr_vector.py (CSR-Adaptive's row blocks:
 ## several short rows streamed through local memory, or one long row for the group).
+## mapping = "merge": Merrill & Garland's merge-based SpMV (see csr_vector.py): each
+## work-item walks ITEMS items of the merged sequence of row ends and entries, one carry
+## per work-item meets the group's in local memory, and csr_vector_merge_fixup completes
+## the rows begun in an earlier group.
 ${c.preamble()}
-% if mapping == "adaptive":
+% if mapping == "merge":
+#define WG ${work_group_size}
+#define ITEMS ${items_per_thread}
+#define GROUP_ITEMS ${work_group_size * items_per_thread}
+typedef ${pos_t} pos_t;
+
+${signature("csr_vector_merge")}
+{
+    __local index_t s_row[WG];
+    __local real_t s_sum[WG];
+    const uint lid = get_local_id(0);
+    const index_t g = (index_t)get_group_id(0);
+    const pos_t n_items = (pos_t)n_rows + (pos_t)nnz;
+    // The group's first and last rows (host-made: merge_groups), and whether its first
+    // row began in an earlier group (the fix-up kernel then completes that row).
+    const index_t lo = group_rows[g];
+    const index_t hi = group_rows[g + 1];
+    const pos_t group_begin = (pos_t)g * GROUP_ITEMS;
+    const bool group_open = lo < n_rows && group_begin - (pos_t)lo > (pos_t)row_ptr[lo];
+    const pos_t begin = min(group_begin + (pos_t)(lid * ITEMS), n_items);
+    const pos_t end = min(begin + ITEMS, n_items);
+    // This work-item's start on the merge path: the rows ended before item `begin` (row
+    // k's end is item row_ptr[k + 1] + k), searched between the group's rows.
+    pos_t x_lo = max((pos_t)lo, begin - (pos_t)nnz);
+    pos_t x_hi = min((pos_t)hi, begin);
+    while (x_lo < x_hi) {
+        const pos_t pivot = (x_lo + x_hi) >> 1;
+        if ((pos_t)row_ptr[pivot + 1] + pivot + 1 <= begin)
+            x_lo = pivot + 1;
+        else
+            x_hi = pivot;
+    }
+    const index_t first_row = (index_t)x_lo;
+    index_t row = first_row;
+    index_t j = (index_t)(begin - x_lo);
+    index_t row_end = row < n_rows ? row_ptr[row + 1] : j;
+    // Each item: the next entry of the current row, or the row's end.  Rows ended here
+    // are complete, but the first (earlier work-items may hold some of it).
+    real_t sum = 0, first_sum = 0;
+    bool has_first = false;
+    for (pos_t d = begin; d < end; d++) {
+        if (j < row_end) {
+            sum += MUL(LOADV(j, values), x[col_idx[j]]);
+            j++;
+        } else {
+            if (has_first) {
+${c.store_y("row", "sum")}
+            } else {
+                first_sum = sum;
+                has_first = true;
+            }
+            sum = 0;
+            row++;
+            row_end = row < n_rows ? row_ptr[row + 1] : j;
+        }
+    }
+    // The carry: the partial sum of the row this work-item ends in.  Rows never
+    // decrease along the group, so the carries of one row are consecutive.
+    s_row[lid] = row;
+    s_sum[lid] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+% if reduction == "tree":
+    // Inclusive segmented scan of the carries (Hillis-Steele, keys: rows): s_sum[lid]
+    // ends as the sum of the carries of lid's row from the group's start to lid.
+    real_t acc = sum;
+% for s in [1 << k for k in range((work_group_size - 1).bit_length())]:
+    {
+        const real_t before = (lid >= ${s} && s_row[lid - ${s}] == row) ? s_sum[lid - ${s}]
+                                                                     : (real_t)0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        acc += before;
+        s_sum[lid] = acc;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+% endfor
+    // What earlier work-items of the group hold of first_row (the carry of lid - 1 is
+    // always in first_row, where lid starts).
+    const real_t inbound = (lid > 0 && s_row[lid - 1] == first_row) ? s_sum[lid - 1]
+                                                                   : (real_t)0;
+    const real_t group_carry = acc;
+% else:
+    // Each work-item that ends its first row walks back over the carries of that row;
+    // the last one over those of its own carry's row (the group's carry).
+    real_t inbound = 0;
+    if (has_first) {
+        for (int t = (int)lid - 1; t >= 0 && s_row[t] == first_row; t--)
+            inbound += s_sum[t];
+    }
+    real_t group_carry = sum;
+    if (lid == WG - 1) {
+        for (int t = WG - 2; t >= 0 && s_row[t] == row; t--)
+            group_carry += s_sum[t];
+    }
+% endif
+    if (has_first) {
+        const real_t total = first_sum + inbound;
+        if (group_open && first_row == lo)
+            head[g] = total;      // the rest is in earlier groups: the fix-up adds it
+        else {
+${c.store_y("first_row", "total")}
+        }
+    }
+    if (lid == WG - 1)
+        carry[g] = group_carry;   // of row group_rows[g + 1]
+}
+
+## One work-item per group that ends a row begun in an earlier group: the group's part
+## (head) plus the carries of the earlier groups that end in that row, latest first.
+${signature("csr_vector_merge_fixup")}
+{
+    const index_t k = (index_t)get_global_id(0);
+    if (k < n_fix) {
+        const index_t g = fix_groups[k];
+        const index_t r = group_rows[g];
+        real_t sum = head[g];
+        // Group c ends in row group_rows[c + 1]; rows never decrease and group g - 1
+        // ends in r, so when group c - 7 does, so do c - 6 ... c: eight loads a step.
+        index_t c = g - 1;
+        for (; c >= 7 && group_rows[c - 6] == r; c -= 8)
+            sum += ((carry[c] + carry[c - 1]) + (carry[c - 2] + carry[c - 3]))
+                   + ((carry[c - 4] + carry[c - 5]) + (carry[c - 6] + carry[c - 7]));
+        for (; c >= 0 && group_rows[c + 1] == r; c--)
+            sum += carry[c];
+${c.store_y("r", "sum")}
+    }
+}
+% elif mapping == "adaptive":
 <% window = work_group_size * items_per_thread %>
 #define WG ${work_group_size}
 #define WINDOW ${window}

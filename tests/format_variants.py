@@ -7,11 +7,14 @@ sweeps (each swept value at least once, not the full cross product).  The option
 needs a SIMD width >= T, for instance).  ``PROFILES`` are run for every format with its
 default parameters: the native profile, GPU-shaped ones (warp 32, wavefront 64) and a
 CPU-shaped one.  A format missing from ``VARIANTS`` (registered later) gets its
-defaults plus the ``PROFILES``: add its row here when its own sweep exists.
+defaults plus the ``PROFILES``: add its row here when its own sweep exists.  An entry
+with ``QUICK`` ("_quick") set also runs in the quick Oclgrind pass (the default test
+run's), for kernels no format's defaults use (csr-vector's merge mapping).
 """
 
 NO_LIMIT = float("inf")
 PROFILE = "_profile"
+QUICK = "_quick"
 GPU32 = {"simd_width": 32, "device_type": "gpu"}
 GPU64 = {"simd_width": 64, "device_type": "gpu"}
 CPU8 = {"device_type": "cpu", "simd_width": 8, "vector_lanes_float32": 8,
@@ -35,6 +38,16 @@ VARIANTS = {
          "reduction": "serial"},
         {"mapping": "adaptive", "work_group_size": 128, "items_per_thread": 8,
          "reduction": "tree"},
+        # tests/test_csr_vector_merge.py's GEOMETRIES: small groups make the corpus's
+        # rows cross work-items and groups (the carries' scan and the fix-up kernel).
+        {"mapping": "merge", "work_group_size": 4, "items_per_thread": 3, "reduction": "tree",
+         QUICK: True},
+        {"mapping": "merge", "work_group_size": 8, "items_per_thread": 2,
+         "reduction": "serial", QUICK: True},
+        {"mapping": "merge", "work_group_size": 128, "items_per_thread": 8,
+         "reduction": "tree"},
+        {"mapping": "merge", "work_group_size": 1, "items_per_thread": 5,
+         "reduction": "serial", "index_bits": 64},
     ],
     "coo": [  # tests/test_format_coo.py GEOMETRIES
         {"work_group_size": wg, "items_per_thread": t, "layout": layout, "scan": scan}
@@ -121,6 +134,15 @@ VARIANTS = {
     ],
 }
 
+# Complex64 variants of the single-vector kernels for the Oclgrind complex pass (which
+# runs every complex format's defaults anyway): kernels no default picks.
+COMPLEX_VARIANTS = {
+    "csr-vector": [{"mapping": "merge", "work_group_size": 4, "items_per_thread": 3,
+                    "reduction": "tree"},
+                   {"mapping": "merge", "work_group_size": 8, "items_per_thread": 2,
+                    "reduction": "serial"}],
+}
+
 # Complex64 block-kernel variants for the Oclgrind complex pass: the items kernels (one
 # per format, both of sell's mappings and both of csr-vector's reductions; ell's and
 # sell's under a CPU profile, since Oclgrind counts as a GPU and complex ell/sell take
@@ -133,7 +155,8 @@ COMPLEX_BLOCK_VARIANTS = {
                     "reduction": "tree", "block_mapping": "items"},
                    {"mapping": "rows", "vector_size": 2, "work_group_size": 8,
                     "reduction": "serial", "block_mapping": "items"},
-                   {"mapping": "adaptive", "block_mapping": "lanes"}],
+                   {"mapping": "adaptive", "block_mapping": "lanes"},
+                   {"mapping": "merge", "block_mapping": "lanes"}],
     "ell": [{"max_padding": NO_LIMIT, "work_group_size": 16, PROFILE: _CPU},
             {"max_padding": NO_LIMIT}],
     "sell": [{"slice_height": 4, "sigma": 8, "mapping": "slices", "work_group_size": 8,
@@ -154,7 +177,9 @@ VALUE_BITS_VARIANTS = {
     "csr-vector": [{"value_bits": 16, "vector_size": 4, "work_group_size": 16,
                     "reduction": "tree", "block_mapping": "items"},
                    {"value_bits": 16, "mapping": "adaptive", "work_group_size": 16,
-                    "items_per_thread": 3, "reduction": "serial", PROFILE: GPU32}],
+                    "items_per_thread": 3, "reduction": "serial", PROFILE: GPU32},
+                   {"value_bits": 16, "mapping": "merge", "work_group_size": 16,
+                    "items_per_thread": 4, "reduction": "tree"}],
     "sell": [{"value_bits": 16, "slice_height": 4, "sigma": 8, "mapping": "slices",
               "work_group_size": 16},
              {"value_bits": 16, "slice_height": 4, "sigma": 32, "mapping": "rows",
@@ -165,20 +190,22 @@ VALUE_BITS_VARIANTS = {
 
 
 def variants(name):
-    """``(label, device_override, params, all_dtypes)`` for every variant of format
-    ``name``: its defaults, its own sweep, then its defaults under each of ``PROFILES``,
-    then its ``VALUE_BITS_VARIANTS`` (labels ``bits<i>``).
-    ``all_dtypes`` is False for the sweep's entries: the Oclgrind pass runs them in
-    float32 only (the kernels differ from float64 only in the type), the defaults and
-    profiles in both."""
-    out = [("default", {}, {}, True)]
+    """``(label, device_override, params, all_dtypes, quick)`` for every variant of
+    format ``name``: its defaults, its own sweep, then its defaults under each of
+    ``PROFILES``, then its ``VALUE_BITS_VARIANTS`` (labels ``bits<i>``, run in the
+    quick pass too).  ``all_dtypes`` is False for the sweep's entries: the Oclgrind pass
+    runs them in float32 only (the kernels differ from float64 only in the type), the
+    defaults and profiles in both.  ``quick``: a sweep entry marked ``QUICK``, or a
+    value_bits entry."""
+    out = [("default", {}, {}, True, False)]
     for i, entry in enumerate(VARIANTS.get(name, [])):
-        params = {k: v for k, v in entry.items() if k != PROFILE}
+        params = {k: v for k, v in entry.items() if k not in (PROFILE, QUICK)}
         if params or entry.get(PROFILE):
-            out.append((f"v{i}", dict(entry.get(PROFILE, {})), params, False))
+            out.append((f"v{i}", dict(entry.get(PROFILE, {})), params, False,
+                        bool(entry.get(QUICK))))
     for label, override in PROFILES.items():
-        out.append((label, dict(override), {}, True))
+        out.append((label, dict(override), {}, True, False))
     for i, entry in enumerate(VALUE_BITS_VARIANTS.get(name, [])):
         params = {k: v for k, v in entry.items() if k != PROFILE}
-        out.append((f"bits{i}", dict(entry.get(PROFILE, {})), params, True))
+        out.append((f"bits{i}", dict(entry.get(PROFILE, {})), params, True, True))
     return out

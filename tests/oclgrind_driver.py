@@ -37,7 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyopencl as cl  # noqa: E402
 import pyopencl.array as cla  # noqa: E402
 from conftest import assert_close, reference  # noqa: E402
-from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, variants  # noqa: E402
+from format_variants import (  # noqa: E402
+    COMPLEX_BLOCK_VARIANTS,
+    COMPLEX_VARIANTS,
+    PROFILE,
+    variants,
+)
 from matrix_cases import csr_from_row_lengths, magnitudes  # noqa: E402
 
 import pyspmv_cl as psc  # noqa: E402
@@ -62,8 +67,9 @@ KEEP = _Keep()
 
 
 #: The quick pass (the default test run): each format's defaults on the real device and
-#: under a GPU-shaped profile (which also converts on the device); the full pass adds
-#: the other profiles and every format's own sweep.
+#: under a GPU-shaped profile (which also converts on the device), and the sweep entries
+#: format_variants.py marks QUICK; the full pass adds the other profiles and every
+#: format's own sweep.
 QUICK_VARIANTS = ("default", "gpu32")
 # Formats with both block mappings (block_mapping: "lanes" on GPUs, "items" on CPUs):
 # their block products run with each.
@@ -268,20 +274,24 @@ def ccheck(y, ref, A, x, dtype, extra=0.0):
 
 
 def complex_pass(device, names, matrices, rng, summary, wide=False):
-    """Each complex-capable format with its defaults, complex64, on the corpus (not
-    with ``wide``), then its block variants (:func:`complex_block_pass`)."""
+    """Each complex-capable format with its defaults and its COMPLEX_VARIANTS,
+    complex64, on the corpus (not with ``wide``), then its block variants
+    (:func:`complex_block_pass`)."""
     dtype = np.dtype(np.complex64)
     for name in names:
         if not get_format(name).complex_values:
             continue
         t0 = time.perf_counter()
-        for mname, A in {} if wide else matrices.items():
+        runs = [] if wide else [(mname, A, params) for params in
+                                [{}] + COMPLEX_VARIANTS.get(name, [])
+                                for mname, A in matrices.items()]
+        for mname, A, params in runs:
             A = sp.csr_matrix(A, dtype=np.complex128)
             A.data = A.data * (1 - 0.5j) + 0.25j   # explicit zeros become non-zero
-            where = f"{name}/complex64/{mname}"
+            where = f"{name}/complex64/{mname}" + (f" {params}" if params else "")
             try:
                 try:
-                    op = psc.SpMV(A, format=name, dtype=dtype, device=device)
+                    op = psc.SpMV(A, format=name, dtype=dtype, device=device, **params)
                 except psc.FormatNotSuitableError as exc:
                     if not get_format(name).may_refuse:
                         raise
@@ -352,9 +362,9 @@ def main(argv=None):
     for name in [] if args.only_complex or args.wide_complex_blocks else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
-        for label, override, params, all_dtypes in variants(name):
+        for label, override, params, all_dtypes, quick in variants(name):
             reduced = label.startswith("bits")   # value_bits: VALUE_BITS_VARIANTS
-            if args.quick and label not in QUICK_VARIANTS and not reduced:
+            if args.quick and label not in QUICK_VARIANTS and not quick:
                 continue   # a sweep entry, or a profile the full pass covers
             dev = device.override(**override) if override else device
             for dtype in dtypes if all_dtypes else dtypes[:1]:

@@ -447,6 +447,30 @@ def test_csr_vector_adaptive(wg, items, reduction, dtype, device, rng):
         check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
 
 
+# (work_group_size, items_per_thread, reduction) of the merge mapping (its own sweep:
+# tests/test_csr_vector_merge.py): every case of the corpus with small groups, whose
+# rows cross work-items and groups, and with the default shape.
+MERGE_GEOMETRIES = [(4, 3, "serial"), (128, 8, "tree")]
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("wg,items,reduction", MERGE_GEOMETRIES,
+                         ids=[f"wg{w}-t{t}-{r}" for w, t, r in MERGE_GEOMETRIES])
+@with_dtypes
+def test_csr_vector_merge_edge_cases(wg, items, reduction, dtype, device, rng):
+    """The merge mapping on the whole edge-case corpus (NaN/Inf, duplicates, unsorted
+    columns, empty shapes...), host and device vectors, alpha and beta."""
+    skip_without_fp64(device, dtype)
+    for case in CASES:
+        A = CASES[case](rng)
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, mapping="merge",
+                      work_group_size=wg, items_per_thread=items, reduction=reduction)
+        assert op.params["mapping"] == "merge" and op.params["vector_size"] is None
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=2.0, beta=-1.0)
+        check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+
+
 def test_adaptive_row_blocks_literal():
     """Rows of lengths 3, 1, 0, 9, 2, 2, 1, 5 with windows of 4 entries and at most 3
     rows a block: starts 0, 3, 4, 4, 13, 15, 17, 18 lie in windows 0, 0, 1, 1, 3, 3,

@@ -35,7 +35,14 @@ import time
 from pathlib import Path
 
 import pytest
-from format_variants import COMPLEX_BLOCK_VARIANTS, PROFILE, VALUE_BITS_VARIANTS, VARIANTS
+from format_variants import (
+    COMPLEX_BLOCK_VARIANTS,
+    COMPLEX_VARIANTS,
+    PROFILE,
+    QUICK,
+    VALUE_BITS_VARIANTS,
+    VARIANTS,
+)
 
 import pyspmv_cl as psc
 from pyspmv_cl.formats import get_format
@@ -111,8 +118,20 @@ def test_variant_table_matches_the_formats():
             continue  # a format another change has not registered (yet)
         allowed = set(get_format(name).parameter_names())
         for entry in entries:
-            unknown = set(entry) - allowed - {PROFILE}
+            unknown = set(entry) - allowed - {PROFILE, QUICK}
             assert not unknown, f"{name}: {sorted(unknown)} not in {sorted(allowed)}"
+
+
+def test_every_csr_vector_mapping_in_the_quick_pass():
+    """Each of csr-vector's mappings runs in the default (quick) Oclgrind pass: the row
+    and adaptive mappings through the defaults (CPU and GPU profiles), the merge mapping,
+    which no default picks, through the sweep entries marked QUICK."""
+    from pyspmv_cl.formats.csr_vector import MAPPINGS
+
+    quick = {e["mapping"] for e in VARIANTS["csr-vector"] if e.get(QUICK)}
+    assert set(MAPPINGS) - {"rows", "adaptive"} <= quick
+    assert {e.get("reduction") for e in VARIANTS["csr-vector"]
+            if e.get(QUICK) and e["mapping"] == "merge"} == {"tree", "serial"}
 
 
 CANARY = textwrap.dedent("""
@@ -232,8 +251,9 @@ def test_sixteen_lane_shuffle_false_positive(tmp_path):
     pytest.param("quick", marks=pytest.mark.quick_only),
     pytest.param("every variant", marks=pytest.mark.exhaustive)])
 def test_all_formats_clean_under_oclgrind(scope):
-    """Every format under Oclgrind: its defaults and the GPU/CPU profiles by default,
-    its own parameter sweep too with ``--exhaustive`` (tests/conftest.py)."""
+    """Every format under Oclgrind: its defaults, a GPU profile and the sweep entries
+    marked QUICK (csr-vector's merge mapping) by default, every profile and its own
+    parameter sweep with ``--exhaustive`` (tests/conftest.py)."""
     proc, seconds = run_under_oclgrind([str(DRIVER)] + (["--quick"] if scope == "quick"
                                                         else []))
     findings = oclgrind_findings(proc.stderr)
@@ -271,9 +291,10 @@ def run_complex_pass(driver_args, flags=OCLGRIND_FLAGS):
 
 
 def test_complex_clean_under_oclgrind():
-    """complex64 under every flag: each complex-capable format's defaults on the corpus,
-    and the block variants of format_variants.py (csr-scalar, csr-vector's row
-    mapping, ell, sell's two mappings) with blocks of width 4, 2 and 1, A^H's too."""
+    """complex64 under every flag: each complex-capable format's defaults and
+    COMPLEX_VARIANTS (csr-vector's merge mapping) on the corpus, and the block variants
+    of format_variants.py (csr-scalar, csr-vector's row mapping, ell, sell's two
+    mappings) with blocks of width 4, 2 and 1, A^H's too."""
     summary = run_complex_pass(["--only-complex"])
     complex_formats = {n for n in psc.formats() if get_format(n).complex_values}
     timed = summary["per_format_s"]
@@ -281,7 +302,9 @@ def test_complex_clean_under_oclgrind():
     assert {n.split("/")[0] for n in timed if n.endswith("/complex-block")} == set(
         COMPLEX_BLOCK_VARIANTS)
     block_operators = 2 * sum(len(v) for v in COMPLEX_BLOCK_VARIANTS.values())
-    assert summary["operators"] >= 5 * len(complex_formats) + block_operators
+    variant_operators = 5 * sum(len(v) for v in COMPLEX_VARIANTS.values())
+    assert summary["operators"] >= (5 * len(complex_formats) + block_operators
+                                    + variant_operators)
 
 
 def test_wide_complex_blocks_under_oclgrind():

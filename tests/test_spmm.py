@@ -35,6 +35,7 @@ BLOCK_VARIANTS = [
     # The lanes kernel (the GPU default of both CSR formats; widths up to 32).
     ("csr-scalar", {"block_mapping": "lanes"}),
     ("csr-vector", {"mapping": "adaptive", "block_mapping": "lanes"}),
+    ("csr-vector", {"mapping": "merge", "block_mapping": "lanes"}),
 ]
 BLOCK_FORMATS = {"csr-scalar", "csr-vector", "ell", "sell"}
 # The items kernels (the CPU default; on this test's devices ell and sell use them for

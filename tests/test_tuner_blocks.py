@@ -160,6 +160,8 @@ BLOCK_VARIANTS = [
     ("csr-vector", {"mapping": "rows"}), ("csr-vector", {"mapping": "adaptive"}),
     ("csr-vector", {"mapping": "adaptive", "block_mapping": "items"}),
     ("csr-vector", {"mapping": "adaptive", "block_mapping": "lanes"}),
+    ("csr-vector", {"mapping": "merge", "block_mapping": "items"}),
+    ("csr-vector", {"mapping": "merge", "block_mapping": "lanes"}),
     ("ell", {}), ("sell", {}), ("sell", {"mapping": "slices", "slice_height": 8}),
     ("coo", {}), ("dia", {}),
 ]

@@ -85,12 +85,15 @@ def test_update_values_counts_its_map_in_nbytes(device, rng):
     assert op.nbytes == before + 2 * slots * 4   # slots and sources, 32-bit
 
 
-@pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector", "coo"])
-def test_update_values_in_csr_order_copies_without_a_map(fmt, device, rng):
+@pytest.mark.parametrize("fmt, params", [
+    ("csr-scalar", {}), ("csr-vector", {}), ("coo", {}),
+    ("csr-vector", {"mapping": "merge", "work_group_size": 8, "items_per_thread": 3})],
+    ids=["csr-scalar", "csr-vector", "coo", "csr-vector-merge"])
+def test_update_values_in_csr_order_copies_without_a_map(fmt, params, device, rng):
     """Formats that keep the values in CSR order get them copied straight in: no map
     on the device (nbytes unchanged), no scatter kernel; products right after."""
     A = sp.csr_matrix(CASES["power_law"](rng))
-    op = psc.SpMV(A, format=fmt, device=device)
+    op = psc.SpMV(A, format=fmt, device=device, **params)
     before = op.nbytes
     for _ in range(2):
         data = rng.standard_normal(A.nnz)

@@ -28,7 +28,7 @@ STORED = {16: np.float16, 32: np.float32}
 # (operator dtype, value_bits): the reduced modes.
 MODES = [(np.float32, 16), (np.float64, 32), (np.float64, 16)]
 MODE_IDS = ["f32-half", "f64-float", "f64-half"]
-# Each format's parameter sets: both sell mappings (T > 1 too), both csr-vector
+# Each format's parameter sets: both sell mappings (T > 1 too), the three csr-vector
 # mappings, csr-scalar; block_mapping both ways for the CSR formats.
 VARIANTS = [
     ("sell", {"mapping": "slices", "slice_height": 8, "sigma": 32}),
@@ -37,8 +37,11 @@ VARIANTS = [
     ("csr-vector", {"mapping": "rows", "vector_size": 4, "block_mapping": "items"}),
     ("csr-vector", {"mapping": "adaptive", "block_mapping": "lanes"}),
     ("csr-scalar", {"block_mapping": "items"}),
+    ("csr-vector", {"mapping": "merge", "work_group_size": 32, "items_per_thread": 4,
+                    "block_mapping": "lanes"}),
 ]
-VARIANT_IDS = ["sell-slices", "sell-rows-T4", "csrv-rows", "csrv-adaptive", "csr-scalar"]
+VARIANT_IDS = ["sell-slices", "sell-rows-T4", "csrv-rows", "csrv-adaptive", "csr-scalar",
+               "csrv-merge"]
 # Each stored type's unit roundoff (half: 11 significant bits).
 UNIT = {np.float16: 2.0**-11, np.float32: 2.0**-24}
 

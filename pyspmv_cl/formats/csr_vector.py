@@ -19,15 +19,46 @@ the rows into blocks (``row_blocks``), one work-group each:
 Blocks are cut, without a loop over rows, where a row's first entry enters a new window
 of ``work_group_size * items_per_thread`` entries, every ``work_group_size`` rows (one
 work-item per row), and around long rows.  One launch; no scratch.
+
+``mapping="merge"``: after Merrill & Garland's merge-based SpMV (SC16), on the plain CSR
+arrays.  The ``m`` row ends and the ``nnz`` entries form one merged sequence of
+``m + nnz`` items (row ``i``'s entries, then its end); each work-item takes
+``items_per_thread`` consecutive items, each work-group ``work_group_size`` times that:
+
+- the host finds each group's first row with one ``np.searchsorted`` over the row ends'
+  merge positions (``merge_groups``: the group's first item is its diagonal of the
+  merge path); each work-item then finds its own start by a binary search along its
+  diagonal between its group's first and last rows;
+- a work-item adds its entries' products in registers and writes each row whose end it
+  reaches directly to ``y`` (empty rows included: their end is an item too), except its
+  first, which earlier work-items may have begun;
+- the one partial sum it leaves (the row it ends in, a "carry") is the only value per
+  work-item that goes through local memory: a segmented scan of the group's carries
+  (``reduction``: "tree", log2(work_group_size) steps, or "serial", each work-item
+  walking back over the carries of its row) completes the work-items' first rows;
+- a row begun in an earlier group is completed by a second kernel, one work-item per
+  such group, which adds the group's part (``head``) and the carries the earlier groups
+  left for that row (``carry``), in a fixed order: deterministic, no atomics.  Launched
+  only when a group needs it.
 """
 
 import numpy as np
 import pyopencl.array as cla
 
-from ..codegen import PRODUCT_ARGS, KernelSpec, matrix
+from ..codegen import (
+    ALPHA_ARG,
+    BETA_ARG,
+    PRODUCT_ARGS,
+    X_ARG,
+    Y_ARG,
+    KernelSpec,
+    matrix,
+    scalar,
+    scratch,
+)
 from ..errors import InvalidParameterError
 from . import params as P
-from .base import BLOCK_WIDTHS, csr_bytes, launch_rows, pow2_floor
+from .base import BLOCK_WIDTHS, csr_bytes, fits_int32, launch_rows, pow2_floor, round_up
 from .csr_common import (
     BLOCK_MAPPING,
     CSR_ARRAYS,
@@ -41,12 +72,23 @@ from .csr_common import (
 from .registry import register
 
 VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
-MAPPINGS = ("rows", "adaptive")
+MAPPINGS = ("rows", "adaptive", "merge")
 MAX_ITEMS_PER_THREAD = 32
 ADAPTIVE_MAX_WINDOWS = 8
 # The adaptive mapping's default shape (work-group size, entries per work-item; see
 # adaptive_shape for values wider than 4 bytes).
 ADAPTIVE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
+# The merge mapping's default shapes (work-group size, merge items per work-item).  GPUs:
+# CUB's 128 x 7 rounded to a power of two; nothing is staged per item, so wide values
+# keep it.  CPUs: longer work-items (fewer searches and groups, PoCL runs a group as a
+# loop): on PoCL (2 cores, float32, 2M non-zeros) 64 x 32 ran astro-ph, cage10 and
+# rajat01 in 6.2, 5.9 and 7.0 ms against 11.4, 12.4 and 15.8 with 128 x 8.
+MERGE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
+MERGE_DEFAULT_CPU = {"work_group_size": 64, "items_per_thread": 32}
+# Row spread (std/mean of the row lengths) from which the GPU tuner times the merge
+# mapping (sell's REGULAR_SPREAD: astro-ph 1.45, Groebner_id2003_aug 2.78; cage10,
+# szdMat, wathenSmall, fe_4elt2 0.15-0.30).
+MERGE_MIN_SPREAD = 1.0
 
 
 def adaptive_shape(dtype):
@@ -99,6 +141,34 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
     return np.append(np.flatnonzero(cut), m)
 
 
+def merge_groups(indptr, group_items):
+    """``(group_rows, fix_groups)`` of the merge mapping with ``group_items`` merge items
+    per work-group.
+
+    The merged sequence holds row ``i``'s entries then its end, so row ``i``'s end is
+    item ``indptr[i + 1] + i``, and the rows ended before item ``d`` (the row a merge
+    path's diagonal ``d`` starts in) are the ``k`` with ``indptr[k + 1] + k + 1 <= d``:
+    ``group_rows[g]`` is that count for ``d = g * group_items`` (the last entry: ``m``),
+    one ``searchsorted`` for every group.  ``fix_groups`` lists the groups that end a row
+    begun in an earlier group (their first row, whose first entry lies before the
+    group's first item): the fix-up kernel completes those rows."""
+    indptr = np.asarray(indptr)
+    if indptr.dtype.kind not in "iu":
+        indptr = indptr.astype(np.int64)
+    m = indptr.size - 1
+    n_items = m + (int(indptr[-1]) if m > 0 else 0)
+    n_groups = -(-n_items // group_items)
+    if n_groups == 0:
+        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    diagonals = np.minimum(np.arange(n_groups + 1, dtype=np.int64) * group_items, n_items)
+    ends = indptr[1:] + np.arange(1, m + 1, dtype=np.int64)
+    rows = np.searchsorted(ends, diagonals, side="right")
+    first = rows[:-1]
+    began = diagonals[:-1] - first   # the group's first entry
+    opened = (first < m) & (began > indptr[np.minimum(first, m - 1)])
+    return rows, np.flatnonzero(opened & (rows[1:] > first))
+
+
 @register
 class CSRVector(CSRFormatBase):
     name = "csr-vector"
@@ -110,14 +180,17 @@ class CSRVector(CSRFormatBase):
                 "work-items per row (mapping='rows')"),
         P.work_group_size(),
         P.Param("reduction", P.one_of("tree", "serial"), "how a row's partial sums combine"),
-        P.Param("mapping", P.one_of(*MAPPINGS), "'rows' or CSR-Adaptive's row blocks"),
+        P.Param("mapping", P.one_of(*MAPPINGS),
+                "'rows', CSR-Adaptive's row blocks or 'merge' (merge-path items)"),
         P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
-                "entries each work-item reads per window (mapping='adaptive')"),
+                "entries each work-item reads per window (mapping='adaptive'), merge "
+                "items per work-item (mapping='merge')"),
         BLOCK_MAPPING,
         CSR_VALUE_BITS,
     )
 
-    # Block kernels for mapping="rows" (the adaptive mapping multiplies column by column).
+    # Block kernels for mapping="rows" (the adaptive and merge mappings multiply column by
+    # column, unless block_mapping="lanes").
     block_widths = BLOCK_WIDTHS
     block_template = "csr_vector_block.mako"
 
@@ -154,6 +227,17 @@ class CSRVector(CSRFormatBase):
                                                   profile.max_work_group_size))}
 
     @staticmethod
+    def _merge_defaults(rows, profile):
+        """Merge: groups of 128 (at most the device's) and 8 merge items per work-item
+        (``MERGE_DEFAULT``), 64 and 32 on CPUs (``MERGE_DEFAULT_CPU``); no vector
+        size."""
+        shape = MERGE_DEFAULT_CPU if profile.is_cpu else MERGE_DEFAULT
+        return {**rows, "mapping": "merge", "vector_size": None,
+                "items_per_thread": shape["items_per_thread"],
+                "work_group_size": pow2_floor(min(shape["work_group_size"],
+                                                  profile.max_work_group_size))}
+
+    @staticmethod
     def adaptive_suits(features, profile, shape):
         """Whether the adaptive mapping of ``shape`` is a GPU default: the longest row
         takes at most ``ADAPTIVE_MAX_WINDOWS`` windows of one group (a power-law graph's
@@ -169,13 +253,16 @@ class CSRVector(CSRFormatBase):
     def resolve_params(cls, features, profile, dtype, given):
         """The defaults of the mapping asked for: ``mapping="rows"`` or a
         ``vector_size`` asks for the row mapping, ``mapping="adaptive"`` for the
-        adaptive one, neither for :meth:`default_params`' choice."""
+        adaptive one, ``mapping="merge"`` for the merge one, neither for
+        :meth:`default_params`' choice."""
         rows = cls._rows_defaults(features, profile, dtype)
         mapping = given.get("mapping")
         if mapping is None and given.get("vector_size") is not None:
             mapping = "rows"
         if mapping == "adaptive":
             defaults = cls._adaptive_defaults(rows, profile, dtype)
+        elif mapping == "merge":
+            defaults = cls._merge_defaults(rows, profile)
         elif mapping is None:
             defaults = cls.default_params(features, profile, dtype)
         else:
@@ -195,20 +282,23 @@ class CSRVector(CSRFormatBase):
             P.check_multiple(cls.name, params, "vector_size", vs)
             if params["items_per_thread"] is not None:
                 raise InvalidParameterError(
-                    "csr-vector: items_per_thread belongs to mapping='adaptive'")
+                    "csr-vector: items_per_thread belongs to mapping='adaptive' or "
+                    "mapping='merge'")
         else:
+            mapping = params["mapping"]
             if params["vector_size"] is not None:
+                why = ("the whole work-group reads each block" if mapping == "adaptive"
+                       else "each work-item takes items_per_thread merge items")
                 raise InvalidParameterError(
-                    "csr-vector: mapping='adaptive' takes no vector_size (the whole "
-                    "work-group reads each block)")
+                    f"csr-vector: mapping={mapping!r} takes no vector_size ({why})")
             if params["items_per_thread"] is None:
                 raise InvalidParameterError(
                     f"csr-vector: items_per_thread must be an integer in 1.."
                     f"{MAX_ITEMS_PER_THREAD}, not None")
             if wg & (wg - 1):
                 raise InvalidParameterError(
-                    f"csr-vector: mapping='adaptive' needs a power-of-two work_group_size, "
-                    f"not {wg}")
+                    f"csr-vector: mapping={mapping!r} needs a power-of-two "
+                    f"work_group_size, not {wg}")
 
     @classmethod
     def estimate_cost(cls, features, profile, dtype):
@@ -227,29 +317,72 @@ class CSRVector(CSRFormatBase):
         row would take one group more than ``ADAPTIVE_MAX_WINDOWS`` windows (a power-law
         graph's hub rows: 1.2-3.7 ms against csr5's 0.13).  The adaptive default then
         comes first: the tuner's first pass times each format's first candidate only,
-        and on an H200 it beat the row mapping on 4 of 5 irregular matrices."""
+        and on an H200 it beat the row mapping on 4 of 5 irregular matrices.
+
+        GPUs get the merge mapping (default shape) second where rows are irregular (row
+        spread at least ``MERGE_MIN_SPREAD``: astro-ph, Groebner_id2003_aug), so that the
+        tuner's second pass, which times three alternatives of the best formats, always
+        tries it there: its work per work-item does not depend on the row lengths, and
+        only one partial sum per work-item goes through local memory (the adaptive
+        mapping stages every product).  Not on CPUs, where csr-vector is not the
+        format to tune: on PoCL (2 shared cores, 2M non-zeros) the merge mapping's CPU
+        shape beat the row mapping in float32 (astro-ph, Groebner_id2003_aug, cage10:
+        3.2, 2.0, 2.9 ms against 5.2, 2.7, 4.2) but not always in float64 (with
+        rajat01: 3.9, 2.3, 3.2, 3.7 against 4.2, 2.4, 2.7, 4.4), and sell, the CPU
+        choice, took 0.7-0.8 ms (float32) and 1.0-1.3 ms (float64)."""
         vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
         rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
                                         for v in (vs // 2, vs // 4) if v >= 2]
+        merge = ([{"mapping": "merge"}] if profile.is_gpu
+                 and features.row_spread >= MERGE_MIN_SPREAD else [])
         adaptive = [{"mapping": "adaptive", **shape}
                     for shape in ({}, {"work_group_size": 256, "items_per_thread": 4})
                     if cls.adaptive_suits(features, profile, {**adaptive_shape(dtype), **shape})]
         if not adaptive:
-            return rows
-        # Adaptive default, the row default, the other adaptive shape, narrower vectors.
-        return adaptive[:1] + rows[:1] + adaptive[1:] + rows[1:]
+            return rows[:1] + merge + rows[1:]
+        # Adaptive default, merge, the row default, the other adaptive shape, narrower
+        # vectors.
+        return adaptive[:1] + merge + rows[:1] + adaptive[1:] + rows[1:]
 
     @property
     def _adaptive(self):
         return self.params["mapping"] == "adaptive"
 
+    @property
+    def _merge(self):
+        return self.params["mapping"] == "merge"
+
+    def analyse(self, csr):
+        """The merge mapping's position type: merge items (``m + nnz``, plus a group's
+        worth past the end) in 32 bits where they fit, else 64."""
+        self.nnz = int(csr.indptr[-1]) if self.shape[0] else 0
+        group = self.params["work_group_size"] * (self.params["items_per_thread"] or 1)
+        self.pos_dtype = np.dtype(np.int32 if fits_int32(self.shape[0] + self.nnz + group)
+                                  else np.int64)
+
+    def type_names(self):
+        return {"pos_t": self.pos_dtype}
+
     def template_params(self):
         return {**super().template_params(),
                 "vector_size": self.params["vector_size"], "reduction": self.params["reduction"],
                 "mapping": self.params["mapping"],
-                "items_per_thread": self.params["items_per_thread"]}
+                "items_per_thread": self.params["items_per_thread"],
+                "pos_t": "int" if self.pos_dtype == np.int32 else "long"}
 
     def kernel_specs(self):
+        if self._merge:
+            group_rows = matrix("group_rows", "index_t")
+            return [
+                KernelSpec("csr_vector_merge", (
+                    scalar("n_rows", "index_t"), scalar("nnz", "index_t"), group_rows,
+                    *CSR_ARRAYS, X_ARG, Y_ARG, scratch("head"), scratch("carry"),
+                    ALPHA_ARG, BETA_ARG), fixed_group=True),
+                KernelSpec("csr_vector_merge_fixup", (
+                    scalar("n_fix", "index_t"), matrix("fix_groups", "index_t"), group_rows,
+                    Y_ARG, scratch("head", read_only=True), scratch("carry", read_only=True),
+                    ALPHA_ARG, BETA_ARG)),
+            ]
         if self._adaptive:
             args = (matrix("row_blocks", "index_t"), *CSR_ARRAYS, *PRODUCT_ARGS)
         else:
@@ -257,33 +390,58 @@ class CSRVector(CSRFormatBase):
         return [KernelSpec("csr_vector", args, fixed_group=True)]
 
     def local_bytes(self, work_group_size):
+        if self._merge:   # one carry (row and partial sum) per work-item
+            return work_group_size * (self.dtype.itemsize + self.index_dtype.itemsize)
         items = self.params["items_per_thread"] if self._adaptive else 1
         return work_group_size * items * self.dtype.itemsize
 
     def min_work_group_size(self):
-        return 1 if self._adaptive else self.params["vector_size"]
+        return 1 if self.params["mapping"] != "rows" else self.params["vector_size"]
 
     def convert(self, csr):
         return {**super().convert(csr), **self._row_blocks(csr.indptr)}
 
     def convert_device(self, csr):
         blocks = self._row_blocks(csr.indptr)   # from indptr, which is on the host too
-        if blocks:
-            blocks["row_blocks"] = cla.to_device(self.device.queue, blocks["row_blocks"])
+        for name, array in blocks.items():
+            blocks[name] = cla.to_device(self.device.queue, array)
         return {**super().convert_device(csr), **blocks}
 
     def _row_blocks(self, indptr):
-        """The adaptive mapping's row blocks (nothing for the rows mapping): each holds
-        at most one row per work-item of the group as built."""
+        """The adaptive mapping's row blocks (each holds at most one row per work-item
+        of the group as built), the merge mapping's groups (``merge_groups``), nothing
+        for the rows mapping."""
+        wg = self.params["work_group_size"]
+        if self._merge:
+            rows, fix = merge_groups(indptr, wg * self.params["items_per_thread"])
+            self.n_groups, self.n_fix = rows.size - 1, fix.size
+            return {"group_rows": rows.astype(self.index_dtype),
+                    "fix_groups": fix.astype(self.index_dtype)}
         if not self._adaptive:
             return {}
-        wg = self.params["work_group_size"]
         blocks = adaptive_row_blocks(indptr, wg, wg * self.params["items_per_thread"])
         self.n_blocks = blocks.size - 1
         return {"row_blocks": blocks.astype(self.index_dtype)}
 
+    def scratch_sizes(self):
+        """The merge mapping's per-group sums: of a row begun in an earlier group
+        (``head``) and of the row the group ends in (``carry``)."""
+        if not self._merge:
+            return {}
+        size = self.n_groups * self.dtype.itemsize
+        return {"head": size, "carry": size}
+
     def launches(self, beta):
         wg = self.params["work_group_size"]
+        if self._merge:
+            if self.n_groups == 0:   # no rows: nothing to launch
+                return []
+            steps = [self.step("csr_vector_merge", self.n_groups * wg, wg,
+                               n_rows=self.shape[0], nnz=self.nnz)]
+            if self.n_fix:
+                steps.append(self.step("csr_vector_merge_fixup", round_up(self.n_fix, wg), wg,
+                                       n_fix=self.n_fix))
+            return steps
         if not self._adaptive:
             return [self.step("csr_vector", *launch_rows(
                 self.shape[0], wg // self.params["vector_size"], wg), n_rows=self.shape[0])]
@@ -293,7 +451,7 @@ class CSRVector(CSRFormatBase):
 
     # -- block kernels (block_mapping="items" needs mapping="rows"; "lanes": any) ------
     def supported_block_widths(self):
-        if self._adaptive and not self._lanes:
+        if self.params["mapping"] != "rows" and not self._lanes:
             return ()
         return super().supported_block_widths()
 
