@@ -177,7 +177,8 @@ def test_block_kernels_are_used(dev, rng):
         with record_launches(with_names=True) as launched:
             Y = op @ X
         assert {name for name, _ in launched} <= {"sell_block", "csr_vector_block",
-                                                  "csr_scalar_block"}, launched
+                                                  "csr_scalar_block", "csr_lanes_block"}, \
+            launched
         check(Y, A, X, np.float32, 16)
 
 
