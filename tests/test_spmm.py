@@ -150,7 +150,7 @@ def test_dtypes(device, fmt, dtype):
 
 
 # The lanes kernels (formats/lanes.py): the CSR formats' with block_mapping="lanes" (the
-# GPU default), ell's and sell's for complex values.
+# GPU default), ell's for complex values, sell's for every value type on GPUs.
 LANES_CASES = [
     *[("csr-scalar", {"block_mapping": "lanes"}, "csr_lanes_block", d)
       for d in (np.float32, np.complex64, np.complex128)],
@@ -159,6 +159,9 @@ LANES_CASES = [
     *[("ell", {"max_padding": float("inf")}, "ell_lanes_block", d)
       for d in (np.complex64, np.complex128)],
     ("sell", {}, "sell_lanes_block", np.complex64),
+    ("sell", {}, "sell_lanes_block", np.float32),
+    ("sell", {"mapping": "rows", "slice_height": 4, "threads_per_row": 2},
+     "sell_lanes_block", np.float64),
     ("sell", {"mapping": "slices", "slice_height": 8, "sigma": 64}, "sell_lanes_block",
      np.complex128),
 ]
@@ -185,7 +188,7 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
     if np.dtype(dtype).kind == "c":
         A = A + 1j * A.multiply(rng.standard_normal(A.shape))
     A = sp.csr_matrix(A)
-    if fmt in ("ell", "sell"):   # their lanes kernels: complex values on GPUs
+    if fmt in ("ell", "sell"):   # their lanes kernels: on GPUs only
         device = device.override(device_type="gpu")
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels
