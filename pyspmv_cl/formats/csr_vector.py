@@ -85,10 +85,6 @@ ADAPTIVE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
 # rajat01 in 6.2, 5.9 and 7.0 ms against 11.4, 12.4 and 15.8 with 128 x 8.
 MERGE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
 MERGE_DEFAULT_CPU = {"work_group_size": 64, "items_per_thread": 32}
-# Row spread (std/mean of the row lengths) from which the GPU tuner times the merge
-# mapping (sell's REGULAR_SPREAD: astro-ph 1.45, Groebner_id2003_aug 2.78; cage10,
-# szdMat, wathenSmall, fe_4elt2 0.15-0.30).
-MERGE_MIN_SPREAD = 1.0
 
 
 def adaptive_shape(dtype):
@@ -319,30 +315,24 @@ class CSRVector(CSRFormatBase):
         comes first: the tuner's first pass times each format's first candidate only,
         and on an H200 it beat the row mapping on 4 of 5 irregular matrices.
 
-        GPUs get the merge mapping (default shape) second where rows are irregular (row
-        spread at least ``MERGE_MIN_SPREAD``: astro-ph, Groebner_id2003_aug), so that the
-        tuner's second pass, which times three alternatives of the best formats, always
-        tries it there: its work per work-item does not depend on the row lengths, and
-        only one partial sum per work-item goes through local memory (the adaptive
-        mapping stages every product).  Not on CPUs, where csr-vector is not the
-        format to tune: on PoCL (2 shared cores, 2M non-zeros) the merge mapping's CPU
-        shape beat the row mapping in float32 (astro-ph, Groebner_id2003_aug, cage10:
-        3.2, 2.0, 2.9 ms against 5.2, 2.7, 4.2) but not always in float64 (with
-        rajat01: 3.9, 2.3, 3.2, 3.7 against 4.2, 2.4, 2.7, 4.4), and sell, the CPU
-        choice, took 0.7-0.8 ms (float32) and 1.0-1.3 ms (float64)."""
+        The merge mapping is no candidate: on an H100 (astro-ph, Groebner_id2003_aug,
+        rajat01, cage10, wing, replicated to 20M non-zeros, float32 and float64, five
+        shapes) it lost to the adaptive mapping in 9 of 10 cases (astro-ph float32:
+        129-277 us against 101; wing float64: 248-1000 against 198); only rajat01
+        float32 ran faster (110 against 126 us), where bccoo is the measured pick
+        anyway.  Each work-item reads its own run of entries, so a warp's loads are not
+        coalesced.  On CPUs sell is the format to tune (3-5x faster than any csr-vector
+        mapping on PoCL)."""
         vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
         rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
                                         for v in (vs // 2, vs // 4) if v >= 2]
-        merge = ([{"mapping": "merge"}] if profile.is_gpu
-                 and features.row_spread >= MERGE_MIN_SPREAD else [])
         adaptive = [{"mapping": "adaptive", **shape}
                     for shape in ({}, {"work_group_size": 256, "items_per_thread": 4})
                     if cls.adaptive_suits(features, profile, {**adaptive_shape(dtype), **shape})]
         if not adaptive:
-            return rows[:1] + merge + rows[1:]
-        # Adaptive default, merge, the row default, the other adaptive shape, narrower
-        # vectors.
-        return adaptive[:1] + merge + rows[:1] + adaptive[1:] + rows[1:]
+            return rows
+        # Adaptive default, the row default, the other adaptive shape, narrower vectors.
+        return adaptive[:1] + rows[:1] + adaptive[1:] + rows[1:]
 
     @property
     def _adaptive(self):
