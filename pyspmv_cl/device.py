@@ -358,14 +358,50 @@ def _wrap_external(cl_device, context=None, queue=None):
     return _EXTERNAL[key]
 
 
-def get_device(device=None):
+#: Non-zeros (times the vectors per product) up to which the default CPU device is
+#: PoCL's ``basic`` driver where PoCL exposes it beside ``pthread``
+#: (``POCL_DEVICES="pthread basic"``): ``basic`` runs a kernel on the calling thread,
+#: with no worker threads to wake and no wake-up when it is done, so a small product
+#: returns 40-100 us sooner on the 2-core development machine; from about a million
+#: non-zeros ``pthread``'s threads win (BENCHMARKS.md, "CPU call path").
+BASIC_MAX_WORK = 1_000_000
+
+
+def _pocl_driver(dev):
+    """``"basic"`` or ``"pthread"`` for those PoCL devices (their names start with the
+    driver's), else None."""
+    if "portable computing language" not in dev.platform.name.lower():
+        return None
+    name = dev.cl_device.name.strip().lower()
+    return next((d for d in ("basic", "pthread") if name.startswith(d + "-")), None)
+
+
+def _default_cpu(hits, work):
+    """The first CPU device, except that where its PoCL platform exposes both drivers,
+    ``basic`` for a product of up to ``BASIC_MAX_WORK`` non-zeros and ``pthread``
+    otherwise (or when the size is not known)."""
+    first = hits[0]
+    drivers = {}
+    for c in hits:
+        if c.platform_index == first.platform_index:
+            drivers.setdefault(_pocl_driver(c), c)
+    if "basic" in drivers and "pthread" in drivers:
+        small = work is not None and work <= BASIC_MAX_WORK
+        return drivers["basic" if small else "pthread"]
+    return first
+
+
+def get_device(device=None, *, work=None):
     """Resolve a device selection.
 
     ``device`` may be a :class:`Device`, a ``pyopencl.Device``/``Context``/
     ``CommandQueue``, an index into :func:`devices`, or a selection string
     (``"gpu"``, ``"cpu"``, ``"nvidia"``, ``"pocl"``, ``"0:1"`` platform:device, or a
     substring of the platform/device name).  ``None`` reads ``PYSPMV_CL_DEVICE``, else
-    picks the first GPU, else the first CPU, else the first device.
+    picks the first GPU, else the first CPU, else the first device.  Where that CPU's
+    PoCL exposes both its ``basic`` and ``pthread`` drivers, ``work`` (the non-zeros a
+    product reads, times its vectors; ``SpMV`` passes it) picks ``basic`` up to
+    ``BASIC_MAX_WORK`` and ``pthread`` above it or when not given.
     """
     if isinstance(device, Device):
         return device
@@ -390,10 +426,12 @@ def get_device(device=None):
         device = os.environ.get(DEVICE_ENV) or None
         source = DEVICE_ENV
     if device is None:
-        for wanted in ("gpu", "cpu"):
-            hits = _match(wanted, candidates)
-            if hits:
-                return hits[0]
+        hits = _match("gpu", candidates)
+        if hits:
+            return hits[0]
+        hits = _match("cpu", candidates)
+        if hits:
+            return _default_cpu(hits, work)
         return candidates[0]
     if isinstance(device, (int, np.integer)):
         device = str(int(device))

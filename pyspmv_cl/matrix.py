@@ -112,9 +112,15 @@ class SpMV:
         on_device = is_device_triple(A)
         if on_device and device is None and A[0].queue is not None:
             device = A[0].queue   # the arrays' own queue, not the default device
-        self.device = get_device(device)
+        host_csr = None if on_device else as_host_csr(A, shape)
+        # The product's size picks PoCL's driver where both are exposed (get_device).
+        work = None
+        if host_csr is not None:
+            k = block_size if isinstance(block_size, int) and block_size > 1 else 1
+            work = host_csr.nnz * k
+        self.device = get_device(device, work=work)
         profile = self.device.profile
-        csr = as_device_csr(A, shape, self.queue) if on_device else as_host_csr(A, shape)
+        csr = as_device_csr(A, shape, self.queue) if on_device else host_csr
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.dtype = resolve_dtype(dtype, csr.dtype, profile)
         # The diagonal count (a pass over the non-zeros) only where the choice reads it.

@@ -331,3 +331,70 @@ def test_cli_devices_lists_every_device():
     # A table: at least a header plus one line per device.
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) >= len(devices) + 1, out
+
+
+# -------------------------------------------------- PoCL's basic and pthread drivers
+
+BOTH_DRIVERS = """
+import sys
+import numpy as np
+import scipy.sparse as sp
+import pyspmv_cl as psc
+from pyspmv_cl.device import BASIC_MAX_WORK
+
+names = [d.cl_device.name for d in psc.devices()]
+if not any(n.startswith("basic-") for n in names):
+    print("SKIP: no basic PoCL device:", names)
+    sys.exit(0)
+driver = lambda dev: dev.cl_device.name.split("-")[0]
+rng = np.random.default_rng(int(sys.argv[1]))
+small = sp.random(300, 200, density=0.05, format="csr", random_state=rng)
+n = BASIC_MAX_WORK // 3 + 2            # a tridiagonal matrix just over the bound
+big = sp.diags([rng.standard_normal(n - 1), rng.standard_normal(n),
+                rng.standard_normal(n - 1)], [-1, 0, 1], format="csr")
+assert big.nnz > BASIC_MAX_WORK
+picked = []
+for A in (small, big):
+    op = psc.SpMV(A, "csr-scalar")
+    x = rng.standard_normal(A.shape[1])
+    y = np.full(A.shape[0], np.nan)
+    op.matvec(x, out=y)
+    assert np.allclose(y, A @ x, rtol=1e-4, atol=1e-4), driver(op.device)
+    picked.append(driver(op.device))
+picked += [driver(psc.get_device(work=w)) for w in (BASIC_MAX_WORK, BASIC_MAX_WORK + 1, None)]
+print(" ".join(picked))
+"""
+
+
+def test_default_cpu_device_by_size_with_both_pocl_drivers(tmp_path):
+    """With POCL_DEVICES="pthread basic" (read when OpenCL starts: a fresh process), a
+    default SpMV(A) takes PoCL's basic driver for a product up to BASIC_MAX_WORK
+    non-zeros and pthread above it; get_device() without a size keeps pthread.  Both
+    products are checked against scipy."""
+    script = tmp_path / "both_drivers.py"
+    script.write_text(BOTH_DRIVERS)
+    env = dict(os.environ, POCL_DEVICES="pthread basic")
+    env.pop("PYSPMV_CL_DEVICE", None)
+    result = subprocess.run([sys.executable, str(script), str(np.random.SeedSequence().entropy
+                                                             % 2**32)],
+                            capture_output=True, text=True, timeout=300, env=env, cwd="/tmp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    if result.stdout.startswith("SKIP"):
+        pytest.skip(result.stdout.strip())
+    assert result.stdout.split() == ["basic", "pthread", "basic", "pthread", "pthread"], \
+        result.stdout
+
+
+def test_default_cpu_device_without_both_drivers_is_the_first_cpu():
+    """Without both PoCL drivers on the first CPU's platform (this process: no
+    POCL_DEVICES), a size changes nothing: the first CPU device, as before."""
+    cpus = [d for d in psc.devices() if d.profile.device_type == "cpu"]
+    if not cpus or os.environ.get("PYSPMV_CL_DEVICE") or \
+            any(d.profile.device_type == "gpu" for d in psc.devices()):
+        pytest.skip("needs a CPU as the default device")
+    from pyspmv_cl.device import _pocl_driver
+    drivers = {_pocl_driver(d) for d in cpus if d.platform_index == cpus[0].platform_index}
+    if {"basic", "pthread"} <= drivers:
+        pytest.skip("this process sees both PoCL drivers")
+    for work in (None, 1, 10**9):
+        assert psc.get_device(work=work) is cpus[0]
