@@ -18,6 +18,9 @@ Every contender's result is checked against scipy's float64 product first.
 
     python benchmarks/call_path.py --device 0:0 --json R.json cage10 astro-ph \\
         poisson2d:1000
+
+With ``POCL_DEVICES="pthread basic" ... --device default`` each operator takes the
+device ``SpMV(A)`` chooses by the matrix's size (``device`` in each row).
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ def kernel_seconds(op, x_dev, y_dev):
 def measure(label, A, dtype, args, peers, rng):
     A = A.astype(dtype)
     t0 = time.perf_counter()
-    op = psc.SpMV(A, device=args.device, format=args.format)
+    # "default": no device given, SpMV chooses (by size where PoCL exposes two drivers).
+    device = None if args.device == "default" else args.device
+    op = psc.SpMV(A, device=device, format=args.format)
     op.finish_tuning()
     setup = time.perf_counter() - t0
     x = rng.standard_normal(A.shape[1]).astype(dtype)
@@ -105,7 +110,8 @@ def measure(label, A, dtype, args, peers, rng):
         samples["kernel"] += [kernel_seconds(op, x_dev, y_dev) for _ in range(args.calls)]
     op._host_mode = default_mode
     row = {"matrix": label, "dtype": np.dtype(dtype).name, "nnz": int(A.nnz),
-           "format": op.format, "host_mode": default_mode, "setup_s": setup}
+           "format": op.format, "host_mode": default_mode, "setup_s": setup,
+           "device": op.device.cl_device.name.strip()}
     for name, values in samples.items():
         row[name + "_us"] = statistics.median(values) * 1e6
         row[name + "_p10_us"] = float(np.percentile(values, 10) * 1e6)
@@ -117,7 +123,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("matrices", nargs="*",
                         help="shared matrix names or generator specs (default: the suite)")
-    parser.add_argument("--device", default="0:0")
+    parser.add_argument("--device", default="0:0",
+                        help="a selection, or 'default': SpMV(A) chooses (with "
+                        "POCL_DEVICES='pthread basic', by the matrix's size)")
     parser.add_argument("--format", default="auto")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--rounds", type=int, default=10)
@@ -136,14 +144,16 @@ def main(argv=None):
             rows.append(row)
             best = min(row.get("torch_us", np.inf), row.get("scipy_us", np.inf))
             print(f"{label:24s} {row['dtype']:8s} {row['format']:11s} "
+                  f"{row['device'].split('-')[0]:8s}"
                   f"ours {row['ours_us']:8.0f}  copy {row['ours-copy_us']:8.0f}  "
                   f"device {row['device_us']:8.0f}  kernel {row['kernel_us']:8.0f}  "
                   f"torch {row.get('torch_us', float('nan')):8.0f}  "
                   f"scipy {row.get('scipy_us', float('nan')):8.0f}  "
                   f"best peer / ours {best / row['ours_us']:.2f}", flush=True)
     if args.json:
-        device = psc.get_device(args.device)
-        meta = {"device": device.cl_device.name.strip(),
+        device = psc.get_device(None if args.device == "default" else args.device)
+        meta = {"device": device.cl_device.name.strip() if args.device != "default"
+                else "chosen per matrix (rows' 'device')",
                 "platform": device.platform.version.strip(),
                 "python": platform.python_version(), "numpy": np.__version__,
                 "scipy": scipy.__version__, "pyopencl": cl.VERSION_TEXT,
