@@ -28,12 +28,14 @@ adds one value per group rather than one per tile (a serial chain of thousands o
 otherwise).
 """
 
+import threading
 import typing
 
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from .. import cache
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
 from ..device_inputs import DeviceCSR
 from ..errors import DeviceCapabilityError, InvalidParameterError
@@ -254,6 +256,12 @@ def _transpose_tiles(a, p_full, omega, sigma, dtype):
     return out
 
 
+# Conversion kernels per (context, device, specialisation, thread): see
+# CSR5._conversion_program.
+_CONVERSION_KERNELS: dict = {}
+cache.register_memory(_CONVERSION_KERNELS)
+
+
 def _pick(d, *names):
     return {name: d[name] for name in names}
 
@@ -381,14 +389,30 @@ class CSR5(SpMVFormat):
 
     # -- conversion on the device ----------------------------------------------------------
     def _conversion_program(self):
-        """Build (a lookup after the first time) the conversion kernels of
-        templates/csr5_convert.mako: ``(specs by name, kernels by name, scan group size,
-        tiles per group of csr5_tiles_convert)``."""
+        """The conversion kernels of templates/csr5_convert.mako: ``(specs by name,
+        kernels by name, scan group size, tiles per group of csr5_tiles_convert)``.
+        Built once per specialisation, and the kernel objects kept per thread: they are
+        only used inside a conversion (arguments set, then launched at once), and making
+        them anew (pyopencl's per-kernel set-up) cost more than a large matrix's
+        conversion kernels on a GPU."""
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        budget = min(CONVERT_LOCAL_BYTES, self.profile.local_mem_size // 2)
+        device = self.device
+        key = (device.context.int_ptr, device.cl_device.int_ptr, device.profile,
+               self.dtype.str, self.index_dtype.str, omega, sigma, budget,
+               threading.get_ident())
+        hit = _CONVERSION_KERNELS.get(key)
+        if hit is None:
+            hit = self._build_conversion_program(budget)
+            # The context kept with them, so that its int_ptr is not reused.
+            _CONVERSION_KERNELS[key] = (*hit, device.context)
+        return hit[:4]
+
+    def _build_conversion_program(self, budget):
         omega, sigma = self.params["omega"], self.params["sigma"]
         y_bits, seg_bits, words = field_bits(omega, sigma)
         limit = self.profile.max_work_group_size
         entry = self.dtype.itemsize + self.index_dtype.itemsize
-        budget = min(CONVERT_LOCAL_BYTES, self.profile.local_mem_size // 2)
         while True:
             scan_group = pow2_floor(max(1, min(SCAN_GROUP, limit)))
             tiles = max(1, min(TILE_CONVERT_GROUP, limit) // omega)
@@ -485,17 +509,18 @@ class CSR5(SpMVFormat):
         row_groups, tile_groups = -(-(m + 1) // chunk), -(-(p + 1) // chunk)
         ptr_type = np.uint32 if idx.itemsize == 4 else np.uint64
 
-        def empty(size, dtype=idx):   # one element at least (a buffer to bind), cut to size
-            return cla.empty(queue, max(1, size), dtype)[:size]
+        def buffer(size, dtype=idx):   # work buffers: plain buffers (no pyopencl arrays)
+            return cl.Buffer(queue.context, cl.mem_flags.READ_WRITE,
+                             max(1, size) * np.dtype(dtype).itemsize)
 
         row_ptr = _whole(csr.as_type("indptr", idx, queue, copy=True))
-        lay = {"row_ptr": row_ptr, "first_row": empty(p + 1),
-               "empty_before": empty(m + 1), "nonempty_rows": empty(m),
-               "tile_ptr": empty(p + 1, ptr_type), "segments": empty(p_full),
-               "row_sums": empty(row_groups), "tile_sums": empty(tile_groups),
-               "tile_longs": empty(tile_groups), "info": empty(4)}
-        bufs = {name: arr.base_data if arr.base_data is not None else
-                empty(1, arr.dtype).base_data for name, arr in lay.items()}
+        tile_ptr = cla.empty(queue, p + 1, ptr_type)
+        lay = {"row_ptr": row_ptr, "tile_ptr": tile_ptr}
+        bufs = {"row_ptr": row_ptr.base_data, "tile_ptr": tile_ptr.base_data,
+                "first_row": buffer(p + 1), "empty_before": buffer(m + 1),
+                "nonempty_rows": buffer(m), "segments": buffer(p_full),
+                "row_sums": buffer(row_groups), "tile_sums": buffer(tile_groups),
+                "tile_longs": buffer(tile_groups), "info": buffer(4)}
         sizes = {"n_rows": m, "n_tiles": p, "n_full_tiles": p_full}
         steps = [
             self.step("csr5_rows_count", row_groups * scan_group, scan_group, n_rows=m,
@@ -591,8 +616,8 @@ class CSR5(SpMVFormat):
         idx = self.index_dtype
         nnz, m = self.nnz, self.shape[0]
 
-        def empty(size, dtype=idx):   # one element at least (a buffer to bind), cut to size
-            return cla.empty(queue, max(1, size), dtype)[:size]
+        def empty(size, dtype=idx):
+            return cla.empty(queue, size, dtype)
 
         if not nnz:   # nothing on the device to convert: the layout is known
             _, layout_arrays = self._layout_arrays()
