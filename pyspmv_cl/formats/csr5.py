@@ -118,8 +118,9 @@ def tile_rows(indptr, omega, sigma):
 
 class TileLayout(typing.NamedTuple):
     """Everything of the CSR5 layout that depends on ``indptr`` alone and costs at most
-    a number per row or per tile: computed once by ``analyse`` (vectorised numpy, no
-    look at ``indices``/``data``) and shared by the host and the device conversions."""
+    a number per row or per tile: computed once by ``analyse`` of a host CSR (vectorised
+    numpy, no look at ``indices``/``data``) for the host conversion.  A CSR on the device
+    gets the same from kernels there (``CSR5._analyse_device``)."""
     rows: TileRows
     tile_ptr: np.ndarray          # (p + 1,) first_row with the empty-rows sign bit
     empty_offset_ptr: typing.Optional[np.ndarray]  # (p_full + 1,) when a complete tile
