@@ -9,11 +9,18 @@ cached), wall time with the queue finished:
 - ``host_numpy``: the host conversion alone (``tile_layout`` + ``tile_arrays``: numpy);
 - ``host``: the format built from the host CSR on the host path: analyse, numpy
   conversion, upload of the CSR5 arrays (what CPUs do);
-- ``device``: the format built from a CSR already on the device (``DeviceCSR``):
-  analyse of ``indptr`` on the host, the layout arrays uploaded, the conversion kernels;
+- ``device``: the format built from a CSR already on the device (``DeviceCSR``): the
+  layout kernels on its ``indptr``, four scalars read back, the conversion kernels;
 - ``upload+device``: the CSR uploaded as it is, then as ``device`` (what GPUs do with
   a host matrix);
 - ``spmv``: one product ``y = A @ x`` on device vectors.
+
+Below each matrix, the breakdown of one more ``device`` conversion: wall time of
+``analyse`` (on the device: its layout kernels and the read-back of four scalars),
+of the program lookup, of the rest (allocations, the conversion kernels, the wait),
+and each kernel's time from its profiling event (start to end, in launch order;
+fills and copies are not kernels and not listed), with their sum, the span from the
+first kernel's start to the last one's end, and the number of launches.
 
 The device-converted operator's product is checked against scipy's float64 one first.
 
@@ -42,6 +49,7 @@ from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import get_format
 from pyspmv_cl.formats.base import choose_index_dtype
 from pyspmv_cl.formats.csr5 import tile_arrays, tile_layout
+from pyspmv_cl.launching import record_launches
 
 MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
 DEFAULT_MATRICES = ["random:100000,10", "powerlaw:200000,5", "cage10", "astro-ph",
@@ -95,7 +103,7 @@ def measure(label, A, device, dtype, given, repeat):
         queue.finish()
 
     def upload_and_device():
-        uploaded = DeviceCSR.upload(A, queue, index, dtype)
+        uploaded = DeviceCSR.upload(A, queue, index, dtype, owned=True)   # as instantiate
         keep["upload"] = cls(uploaded, device, dtype, params)
         queue.finish()
 
@@ -105,6 +113,7 @@ def measure(label, A, device, dtype, given, repeat):
     row["params"] = dict(keep["host"].params)   # "auto" resolved
     row["device"] = median_seconds(device_conversion, repeat)
     row["upload+device"] = median_seconds(upload_and_device, repeat)
+    row["breakdown"] = breakdown(cls, on_device, device, dtype, params)
 
     # One product with the device-converted operator, checked against scipy first.
     op = psc.SpMV(on_device_triple(on_device), shape=A.shape, format="csr5", dtype=dtype,
@@ -127,6 +136,31 @@ def measure(label, A, device, dtype, given, repeat):
 
     row["spmv"] = median_seconds(spmv, max(repeat, 10))
     return row
+
+
+def breakdown(cls, on_device, device, dtype, params):
+    """Where one device conversion's time goes: host wall times of its steps and each
+    kernel's profiling-event time (seconds)."""
+    start = time.perf_counter()
+    with record_launches(with_names=True) as launches:
+        impl = cls(on_device, device, dtype, params)
+        device.queue.finish()
+    total = time.perf_counter() - start
+    kernels = [(name, (ev.profile.end - ev.profile.start) * 1e-9) for name, ev in launches]
+    span = ((launches[-1][1].profile.end - launches[0][1].profile.start) * 1e-9
+            if launches else 0.0)
+    return {"total": total, "analyse": impl.analyse_seconds, "build": impl.build_seconds,
+            "rest": total - impl.analyse_seconds - impl.build_seconds,
+            "kernels": kernels, "kernel_sum": sum(t for _, t in kernels),
+            "kernel_span": span, "launches": len(kernels)}
+
+
+def breakdown_line(b):
+    kernels = ", ".join(f"{name.removeprefix('csr5_')} {t * 1e3:.3f}" for name, t in b["kernels"])
+    return (f"  device breakdown (ms): analyse {b['analyse'] * 1e3:.2f}, build "
+            f"{b['build'] * 1e3:.2f}, rest {b['rest'] * 1e3:.2f} (total {b['total'] * 1e3:.2f});"
+            f" {b['launches']} kernels: {kernels}; sum {b['kernel_sum'] * 1e3:.3f}, span "
+            f"{b['kernel_span'] * 1e3:.3f}")
 
 
 def on_device_triple(dcsr):
@@ -166,6 +200,7 @@ def main(argv=None):
         print(f"{label:<24} {row['nnz']:>10} "
               + " ".join(f"{row[c] * 1e3:>13.2f}" for c in COLUMNS)
               + f" {row['host'] / row['upload+device']:>10.1f}x", flush=True)
+        print(breakdown_line(row["breakdown"]), flush=True)
     if args.json:
         meta = {"device": device.cl_device.name.strip(),
                 "platform": device.platform.version.strip(),

@@ -21,8 +21,11 @@ def is_device_triple(A) -> bool:
 class DeviceCSR:
     """The validated device arrays of a CSR matrix, plus its ``indptr`` on the host."""
 
-    def __init__(self, data, indices, indptr_device, indptr_host, shape):
+    def __init__(self, data, indices, indptr_device, indptr_host, shape, owned=False):
         self.data, self.indices, self.indptr_device = data, indices, indptr_device
+        #: Whether the arrays are this object's alone (uploaded for one conversion): an
+        #: operator may then keep them rather than a copy.
+        self.owned = owned
         self.indptr = indptr_host
         self.shape = shape
         self.nnz = int(indices.size)
@@ -34,18 +37,20 @@ class DeviceCSR:
 
     def as_type(self, name: str, dtype, queue, copy: bool = False) -> cla.Array:
         """One of the arrays in ``dtype``: itself when it has it and ``copy`` is false
-        (to read it only), else a copy cast on the device (to keep it)."""
+        (to read it only) or the arrays are ``owned`` (nobody else changes them), else a
+        copy cast on the device (to keep it)."""
         arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
-        if arr.dtype == np.dtype(dtype) and not copy:
+        if arr.dtype == np.dtype(dtype) and (not copy or self.owned):
             return arr
         return arr.astype(np.dtype(dtype), queue=queue)   # astype always copies
 
     @classmethod
-    def upload(cls, csr, queue, index_dtype, dtype) -> DeviceCSR:
-        """A validated host CSR uploaded in the given types (to convert on the device)."""
+    def upload(cls, csr, queue, index_dtype, dtype, owned=False) -> DeviceCSR:
+        """A validated host CSR uploaded in the given types (to convert on the device;
+        ``owned``: handed to one operator only, which may keep the arrays)."""
         arrays = [cla.to_device(queue, np.ascontiguousarray(a, dtype=t)) for a, t in
                   ((csr.data, dtype), (csr.indices, index_dtype), (csr.indptr, index_dtype))]
-        return cls(*arrays, np.asarray(csr.indptr, dtype=np.int64), tuple(csr.shape))
+        return cls(*arrays, np.asarray(csr.indptr, dtype=np.int64), tuple(csr.shape), owned)
 
     def to_host(self, queue):
         """The matrix as a scipy CSR on the host (one read back: for the conversions

@@ -198,3 +198,77 @@ def test_device_arrays_at_an_offset(device, rng, monkeypatch):
                   if device.profile.fp64 else np.float32, device=device, omega=4, sigma=3)
     assert_same_as_host(op, A)
     check_product(op, A, rng)
+
+
+def test_analysis_never_reads_indptr_on_the_host(device, rng):
+    """The layout comes from the device's indptr: the host copy a ``DeviceCSR`` holds is
+    not looked at (nor the matrix read back), and the arrays are the host conversion's;
+    the transposition's local-memory path and its register path (no local memory to
+    stage tiles in) give the same arrays."""
+    from pyspmv_cl.formats import csr5
+
+    cls = get_format("csr5")
+    for omega, sigma in ((4, 3), (8, 5), (1, 4)):
+        for name, A in matrices(rng, omega, sigma).items():
+            A = sp.csr_matrix(A)
+            if not A.nnz:
+                continue
+            params = cls.resolve_params(psc.features.MatrixFeatures.from_csr(A),
+                                        device.profile, np.float32,
+                                        {"omega": omega, "sigma": sigma})
+            for budget in (csr5.CONVERT_LOCAL_BYTES, 0):
+                dcsr = DeviceCSR.upload(A, device.queue, np.int32, np.float32)
+                dcsr.indptr = None   # any look at it fails
+                dcsr.to_host = None
+                old = csr5.CONVERT_LOCAL_BYTES
+                csr5.CONVERT_LOCAL_BYTES = budget
+                try:
+                    impl = cls(dcsr, device, np.float32, params)
+                finally:
+                    csr5.CONVERT_LOCAL_BYTES = old
+                host = values.host_arrays(impl, A, impl.dtype)
+                assert set(impl.buffers) == set(host)
+                for key, expected in host.items():
+                    if expected.size:
+                        got = np.empty_like(expected)
+                        cl.enqueue_copy(device.queue, got, impl.buffers[key])
+                        np.testing.assert_array_equal(got, expected, err_msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_long_rows_decided_on_the_device(extra, device, rng, monkeypatch):
+    """run_group="auto": the device's analysis finds a row longer than LONG_RUN_TILES
+    tiles as the host's does (one entry more switches the run-sums pass on)."""
+    from pyspmv_cl.formats.csr5 import LONG_RUN_TILES
+
+    refuse_read_back(monkeypatch)
+    omega, sigma = 2, 2
+    long = LONG_RUN_TILES * omega * sigma + extra
+    A = csr_from_row_lengths(rng, np.array([0, 3, long, 0, 1, 0]), long + 1)
+    ops = [psc.SpMV(B, shape=A.shape, format="csr5", dtype=np.float32, device=device,
+                    omega=omega, sigma=sigma) for B in (A, on_device(device.queue, A))]
+    assert not ops[0]._impl.converting_on_device and ops[1]._impl.converting_on_device
+    assert ops[0].params["run_group"] == ops[1].params["run_group"]
+    assert bool(ops[1].params["run_group"]) == bool(extra)
+    assert_same_as_host(ops[1], A)
+    check_product(ops[1], A, rng)
+
+
+def test_many_tiles_of_empty_rows_and_a_row_over_many_tiles(device, rng, monkeypatch):
+    """Runs of empty rows inside tiles and between them at every distance from the tile
+    edges, and a row over many tiles right after empty rows, with 64-bit indices."""
+    refuse_read_back(monkeypatch)
+    omega, sigma = 4, 4
+    tile = omega * sigma
+    lengths = []
+    for k in range(3 * tile):
+        lengths += [int(rng.integers(1, 4))] + [0] * int(rng.integers(0, 3 * tile)) * (k % 3 == 0)
+    lengths += [0, 0, 40 * tile + 3, 0, 2] + [0] * (2 * tile)
+    A = csr_from_row_lengths(rng, np.array(lengths), 41 * tile)
+    for bits in (32, 64):
+        op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format="csr5",
+                      dtype=np.float32, device=device, omega=omega, sigma=sigma,
+                      index_bits=bits)
+        host = assert_same_as_host(op, A)
+        assert "empty_offset" in host
+        check_product(op, A, rng)

@@ -265,6 +265,8 @@ class SpMVFormat:
         start_analyse = time.perf_counter()
         self.analyse(csr)
         analysed = time.perf_counter()
+        #: Seconds ``analyse`` took (for a conversion on the device: its kernels too).
+        self.analyse_seconds = analysed - start_analyse
         self.kernels = {}
         self._specs = {}
         self.buffers, self.scratch = {}, {}   # filled after convert (bound by name)
@@ -568,11 +570,13 @@ class SpMVFormat:
         spec = specs[step.kernel]
         operands = {X: x_buf, Y: y_buf, ALPHA: alpha, BETA: beta}
         values = {}
+        # Absent before the conversion (analyse may launch kernels, all given by name).
+        buffers, scratch = getattr(self, "buffers", {}), getattr(self, "scratch", {})
         for arg in spec.args:   # each role's default, unless given by name
             if arg.role == MATRIX:
-                values[arg.name] = self.buffers.get(step.prefix + arg.name)
+                values[arg.name] = buffers.get(step.prefix + arg.name)
             elif arg.role == SCRATCH:
-                values[arg.name] = self.scratch.get(step.prefix + arg.name)
+                values[arg.name] = scratch.get(step.prefix + arg.name)
             elif arg.role in operands:
                 values[arg.name] = operands[arg.role]
         values = {k: v for k, v in values.items() if v is not None}
@@ -590,17 +594,23 @@ class SpMVFormat:
         """Type names of this operator's kernel arguments -> numpy dtypes."""
         return {"real_t": self.dtype, "index_t": self.index_dtype, **self.type_names()}
 
-    def run_now(self, queue, steps) -> None:
+    def run_now(self, queue, steps, *, specs=None, kernels=None, wait_for=None,
+                finish: bool = True):
         """Run ``steps`` (conversion kernels, every argument given by name) in order on
-        ``queue`` and wait for them: the seam of device-side conversions."""
+        ``queue`` and wait for them: the seam of device-side conversions (``specs``/
+        ``kernels``: those of a program of the format's own, built apart; ``wait_for``:
+        events the first launch waits for; ``finish=False``: return the last launch's
+        event without waiting)."""
         event = None
         for step in steps:
-            launch = self._bind(step, None, None, None, None)
+            launch = self._bind(step, None, None, None, None, specs, kernels)
             launch.kernel.set_args(*launch.args)
             event = enqueue_launch(queue, launch.kernel, (launch.global_size,),
                                    (launch.local_size,),
-                                   wait_for=None if event is None else [event])
-        queue.finish()
+                                   wait_for=wait_for if event is None else [event])
+        if finish:
+            queue.finish()
+        return event
 
     def bound_launches(self, x_buf, y_buf, alpha, beta) -> list[Launch]:
         """The launches of one product with every argument bound (``alpha`` and ``beta``
@@ -705,7 +715,7 @@ def instantiate(cls, csr, device, dtype, params: dict) -> SpMVFormat:
             csr = csr.to_host(device.queue)
     elif converts_on_the_device(cls, csr, device):
         index = np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64
-        csr = DeviceCSR.upload(csr, device.queue, index, dtype)
+        csr = DeviceCSR.upload(csr, device.queue, index, dtype, owned=True)
     moved = time.perf_counter() - start
     impl = cls(csr, device, dtype, params)
     impl.conversion_seconds += moved   # the read back or the upload is part of it

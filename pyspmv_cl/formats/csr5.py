@@ -28,17 +28,20 @@ adds one value per group rather than one per tile (a serial chain of thousands o
 otherwise).
 """
 
+import threading
 import typing
 
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from .. import cache
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
-from ..errors import InvalidParameterError
+from ..device_inputs import DeviceCSR
+from ..errors import DeviceCapabilityError, InvalidParameterError
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
-from .builder import ProgramSpec
+from .builder import ProgramSpec, build_program
 from .csr5_model import bounds_for, sigma_rule
 from .registry import register
 
@@ -51,8 +54,17 @@ CALIBRATE_WORK_GROUP_SIZE = 64
 # it the calibrate kernel's serial walk over the heads is cheaper than one more launch.
 LONG_RUN_TILES = 32
 RUN_GROUP = 256
-# Work-items per group of the conversion kernels (conversion on the device).
+# Work-items per group of the conversion kernels (conversion on the device): the
+# per-row one, the scans (a power of two, at most), and the per-tile one (tiles of
+# omega work-items, as many as fit).
 CONVERT_GROUP = 64
+SCAN_GROUP = 256
+TILE_CONVERT_GROUP = 128
+# Consecutive rows (or tiles) per work-item of the layout passes and scans.
+PER_ITEM = 8
+# Local memory the transposition may stage a group's tiles in (else it writes them
+# from registers, strided by omega).
+CONVERT_LOCAL_BYTES = 32 * 1024
 # Bit values of a 32-bit word (exact in float64, which np.bincount sums).
 _POW2 = np.ldexp(1.0, np.arange(32))
 
@@ -106,8 +118,9 @@ def tile_rows(indptr, omega, sigma):
 
 class TileLayout(typing.NamedTuple):
     """Everything of the CSR5 layout that depends on ``indptr`` alone and costs at most
-    a number per row or per tile: computed once by ``analyse`` (vectorised numpy, no
-    look at ``indices``/``data``) and shared by the host and the device conversions."""
+    a number per row or per tile: computed once by ``analyse`` of a host CSR (vectorised
+    numpy, no look at ``indices``/``data``) for the host conversion.  A CSR on the device
+    gets the same from kernels there (``CSR5._analyse_device``)."""
     rows: TileRows
     tile_ptr: np.ndarray          # (p + 1,) first_row with the empty-rows sign bit
     empty_offset_ptr: typing.Optional[np.ndarray]  # (p_full + 1,) when a complete tile
@@ -244,6 +257,24 @@ def _transpose_tiles(a, p_full, omega, sigma, dtype):
     return out
 
 
+# Conversion kernels per (context, device, specialisation, thread): see
+# CSR5._conversion_program.
+_CONVERSION_KERNELS: dict = {}
+cache.register_memory(_CONVERSION_KERNELS)
+
+
+def _pick(d, *names):
+    return {name: d[name] for name in names}
+
+
+def _empty_layout(m, index_dtype):
+    """The :class:`TileLayout` of a matrix without entries (all rows are tail rows)."""
+    ptr_type = np.uint32 if np.dtype(index_dtype).itemsize == 4 else np.uint64
+    rows = TileRows(np.array([m]), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64))
+    return TileLayout(rows, np.array([m], dtype=ptr_type), None, 0,
+                      np.zeros(0, dtype=index_dtype))
+
+
 def _whole(arr):
     """A device array starting at its buffer's beginning (the kernels take buffers)."""
     return arr if not arr.offset else arr.copy()
@@ -327,26 +358,194 @@ class CSR5(SpMVFormat):
     def analyse(self, csr):
         """Tile counts, the rows after the incomplete tile, the empty rows the tiles
         cover, whether any complete tile needs ``empty_offset`` (the kernel source
-        depends on it) and ``run_group="auto"``: from ``indptr`` alone (a pass over the
-        rows and a search per tile, :func:`tile_layout`), kept for the conversion, on
-        the host or on the device (``csr`` may be a ``DeviceCSR``)."""
+        depends on it) and ``run_group="auto"``: from ``indptr`` alone, kept for the
+        conversion.  A host CSR: numpy (:func:`tile_layout`: a pass over the rows and a
+        search per tile).  A CSR on the device (a ``DeviceCSR``): kernels on its
+        ``indptr`` there (:meth:`_analyse_device`), four scalars read back."""
         omega, sigma = self.params["omega"], self.params["sigma"]
         m = self.shape[0]
         tile = omega * sigma
-        self.nnz = nnz = int(csr.indptr[-1]) if m else 0
+        on_device = isinstance(csr, DeviceCSR)   # (update_values analyses a host copy)
+        self.nnz = nnz = (int(csr.nnz) if on_device else int(csr.indptr[-1])) if m else 0
         self.n_tiles = -(-nnz // tile)
         self.n_full_tiles = nnz // tile
-        self._layout = layout = tile_layout(csr.indptr, omega, sigma, self.index_dtype)
-        self.has_empty_offset = layout.empty_offset_ptr is not None
-        self.tail_row_begin = layout.tail_row_begin
+        if on_device and nnz:
+            long_row = self._analyse_device(csr)
+        else:
+            if on_device:   # no entries: nothing to look at
+                layout = _empty_layout(m, self.index_dtype)
+            else:
+                layout = tile_layout(csr.indptr, omega, sigma, self.index_dtype)
+            self._layout = layout
+            self.has_empty_offset = layout.empty_offset_ptr is not None
+            self.tail_row_begin = layout.tail_row_begin
+            self.n_empty_rows = layout.empty_rows.size
+            long_row = nnz and int(np.diff(csr.indptr).max()) > LONG_RUN_TILES * tile
         self.n_tail_rows = m - self.tail_row_begin
-        self.n_empty_rows = layout.empty_rows.size
         if self.params["run_group"] == "auto":     # on when the longest row spans many tiles
-            longest = int(np.diff(csr.indptr).max()) if m else 0
             # Its local memory: a value and an index (8 bytes at most) per work-item.
             fits = self.profile.local_mem_size // (self.dtype.itemsize + 8)
-            self.params["run_group"] = 0 if longest <= LONG_RUN_TILES * tile else \
+            self.params["run_group"] = 0 if not long_row else \
                 pow2_floor(max(1, min(RUN_GROUP, self.profile.max_work_group_size, fits)))
+
+    # -- conversion on the device ----------------------------------------------------------
+    def _conversion_program(self):
+        """The conversion kernels of templates/csr5_convert.mako: ``(specs by name,
+        kernels by name, scan group size, tiles per group of csr5_tiles_convert)``.
+        Built once per specialisation, and the kernel objects kept per thread: they are
+        only used inside a conversion (arguments set, then launched at once), and making
+        them anew (pyopencl's per-kernel set-up) cost more than a large matrix's
+        conversion kernels on a GPU."""
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        budget = min(CONVERT_LOCAL_BYTES, self.profile.local_mem_size // 2)
+        device = self.device
+        key = (device.context.int_ptr, device.cl_device.int_ptr, device.profile,
+               self.dtype.str, self.index_dtype.str, omega, sigma, budget,
+               threading.get_ident())
+        hit = _CONVERSION_KERNELS.get(key)
+        if hit is None:
+            hit = self._build_conversion_program(budget)
+            # The context kept with them, so that its int_ptr is not reused.
+            _CONVERSION_KERNELS[key] = (*hit, device.context)
+        return hit[:4]
+
+    def _build_conversion_program(self, budget):
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        y_bits, seg_bits, words = field_bits(omega, sigma)
+        limit = self.profile.max_work_group_size
+        entry = self.dtype.itemsize + self.index_dtype.itemsize
+        while True:
+            scan_group = pow2_floor(max(1, min(SCAN_GROUP, limit)))
+            tiles = max(1, min(TILE_CONVERT_GROUP, limit) // omega)
+            # Local memory per work-item: sigma entries staged, the descriptor's words,
+            # two scan values.
+            per_item = sigma * entry + 4 * words + 8
+            while tiles > 1 and tiles * omega * per_item > budget:
+                tiles //= 2
+            local_transpose = tiles * omega * per_item <= budget
+            if not local_transpose:
+                tiles = max(1, min(TILE_CONVERT_GROUP, limit) // omega)
+            specs = self.conversion_kernel_specs(scan_group, tiles * omega)
+            program = ProgramSpec("csr5_convert.mako", specs, {
+                "omega": omega, "sigma": sigma, "y_bits": y_bits, "seg_bits": seg_bits,
+                "desc_words": words, "per_item": PER_ITEM, "tiles_per_group": tiles,
+                "local_transpose": local_transpose})
+            kernels, allowed = build_program(self.device, program, dtype=self.dtype,
+                                             index_dtype=self.index_dtype,
+                                             work_group_size=scan_group)
+            if allowed >= max(scan_group, tiles * omega):
+                return {k.name: k for k in specs}, kernels, scan_group, tiles
+            if allowed < omega or allowed >= limit:
+                raise DeviceCapabilityError(
+                    f"{self.name}: the compiled conversion kernels allow work-groups of at "
+                    f"most {allowed} work-items, fewer than omega={omega}")
+            limit = allowed
+
+    def conversion_kernel_specs(self, scan_group, tile_group):
+        """The conversion kernels (templates/csr5_convert.mako), every argument given by
+        name at launch."""
+        idx = "index_t"
+        row_ptr = matrix("row_ptr", idx)
+
+        def index_scalars(*names):
+            return tuple(scalar(n, idx) for n in names)
+
+        def out(name, ctype=idx):
+            return scratch(name, ctype)
+
+        def read(name, ctype=idx):
+            return scratch(name, ctype, read_only=True)
+
+        def fixed(name, args, size=scan_group):
+            return KernelSpec(name, args, fixed_group=True, group_size=size)
+
+        return (
+            fixed("csr5_rows_count", (*index_scalars("n_rows", "n_tiles"), row_ptr,
+                                      out("first_row"), out("row_sums"))),
+            fixed("csr5_scan_rows", (*index_scalars("n_groups"), out("row_sums"))),
+            fixed("csr5_rows_scan", (*index_scalars("n_rows"), row_ptr, read("row_sums"),
+                                     out("empty_before"), out("nonempty_rows"))),
+            fixed("csr5_tiles_count", (
+                *index_scalars("n_rows", "n_tiles", "n_full_tiles", "long_row"), row_ptr,
+                read("first_row"), read("empty_before"), out("tile_ptr", "tile_ptr_t"),
+                out("segments"), out("tile_sums"), out("tile_longs"))),
+            fixed("csr5_scan_tiles", (
+                *index_scalars("n_groups", "n_rows", "n_tiles", "n_full_tiles"),
+                out("tile_sums"), read("tile_longs"), read("first_row"), read("empty_before"),
+                out("info"))),
+            fixed("csr5_tile_offsets", (*index_scalars("n_full_tiles"), read("segments"),
+                                        read("tile_sums"), out("empty_offset_ptr"),
+                                        out("empty_offset_out"))),
+            KernelSpec("csr5_rows_convert", (
+                *index_scalars("n_rows", "tail_row_begin", "n_full_tiles"),
+                scalar("with_offsets", "int"), row_ptr, read("empty_before"),
+                read("tile_ptr", "tile_ptr_t"), read("empty_offset_ptr"), out("empty_rows"),
+                out("empty_offset_out"))),
+            fixed("csr5_tiles_convert", (
+                *index_scalars("n_rows", "n_full_tiles", "n_tail"), row_ptr,
+                read("first_row"), read("empty_before"), read("nonempty_rows"),
+                matrix("csr_col_idx", idx),
+                matrix("csr_values", "real_t"), out("col_idx_out"),
+                out("values_out", "real_t"), out("tile_desc", "uint")), size=tile_group),
+        )
+
+    def _run(self, queue, steps, wait_for=None, finish=False):
+        program = self._program
+        return self.run_now(queue, steps, specs=program[0], kernels=program[1],
+                            wait_for=wait_for, finish=finish)
+
+    def _analyse_device(self, csr):
+        """:meth:`analyse` on the device: ``tile_ptr``, the first row of each tile, the
+        empty rows before each row, the non-empty rows in order, each complete tile's
+        segments when it has empty rows, and four scalars read back in one copy
+        (``tail_row_begin``, the empty rows before it, ``empty_offset``'s size, whether
+        a row spans more than ``LONG_RUN_TILES`` tiles).  Returns the last."""
+        queue = self.device.queue
+        idx = self.index_dtype
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        m, p, p_full = self.shape[0], self.n_tiles, self.n_full_tiles
+        self._program = self._conversion_program()
+        scan_group = self._program[2]
+        chunk = scan_group * PER_ITEM
+        row_groups, tile_groups = -(-(m + 1) // chunk), -(-(p + 1) // chunk)
+        ptr_type = np.uint32 if idx.itemsize == 4 else np.uint64
+
+        def buffer(size, dtype=idx):   # work buffers: plain buffers (no pyopencl arrays)
+            return cl.Buffer(queue.context, cl.mem_flags.READ_WRITE,
+                             max(1, size) * np.dtype(dtype).itemsize)
+
+        row_ptr = _whole(csr.as_type("indptr", idx, queue, copy=True))
+        tile_ptr = cla.empty(queue, p + 1, ptr_type)
+        lay = {"row_ptr": row_ptr, "tile_ptr": tile_ptr}
+        bufs = {"row_ptr": row_ptr.base_data, "tile_ptr": tile_ptr.base_data,
+                "first_row": buffer(p + 1), "empty_before": buffer(m + 1),
+                "nonempty_rows": buffer(m), "segments": buffer(p_full),
+                "row_sums": buffer(row_groups), "tile_sums": buffer(tile_groups),
+                "tile_longs": buffer(tile_groups), "info": buffer(4)}
+        sizes = {"n_rows": m, "n_tiles": p, "n_full_tiles": p_full}
+        steps = [
+            self.step("csr5_rows_count", row_groups * scan_group, scan_group, n_rows=m,
+                      n_tiles=p, **_pick(bufs, "row_ptr", "first_row", "row_sums")),
+            self.step("csr5_scan_rows", scan_group, scan_group, n_groups=row_groups,
+                      row_sums=bufs["row_sums"]),
+            self.step("csr5_rows_scan", row_groups * scan_group, scan_group, n_rows=m,
+                      **_pick(bufs, "row_ptr", "row_sums", "empty_before",
+                              "nonempty_rows")),
+            self.step("csr5_tiles_count", tile_groups * scan_group, scan_group, **sizes,
+                      long_row=LONG_RUN_TILES * omega * sigma,
+                      **_pick(bufs, "row_ptr", "first_row", "empty_before", "tile_ptr",
+                              "segments", "tile_sums", "tile_longs")),
+            self.step("csr5_scan_tiles", scan_group, scan_group, n_groups=tile_groups,
+                      **sizes, **_pick(bufs, "tile_sums", "tile_longs", "first_row",
+                                       "empty_before", "info")),
+        ]
+        event = self._run(queue, steps)
+        info = np.empty(4, dtype=idx)
+        cl.enqueue_copy(queue, info, bufs["info"], wait_for=[event], is_blocking=True)
+        self.tail_row_begin, self.n_empty_rows, n_offsets, long_row = (int(v) for v in info)
+        self.has_empty_offset = n_offsets > 0
+        self._device_layout = (lay, bufs, n_offsets)
+        return bool(long_row)
 
     def template_params(self):
         omega, sigma = self.params["omega"], self.params["sigma"]
@@ -386,38 +585,6 @@ class CSR5(SpMVFormat):
         flags = 4 if self.params["segmented_sum"] == "scan" else 0
         return work_group_size * (self.dtype.itemsize + flags)
 
-    def programs(self):
-        """The SpMV kernels, and with a matrix on the device the conversion kernels
-        (templates/csr5_convert.mako) beside them."""
-        out = list(super().programs())
-        if self.converting_on_device and self.nnz:
-            y_bits, seg_bits, words = field_bits(self.params["omega"], self.params["sigma"])
-            out.append(ProgramSpec("csr5_convert.mako", self.conversion_kernel_specs(), {
-                "omega": self.params["omega"], "sigma": self.params["sigma"],
-                "y_bits": y_bits, "seg_bits": seg_bits, "desc_words": words,
-                "has_empty_offset": self.has_empty_offset},
-                min_group=self.min_work_group_size()))
-        return out
-
-    def conversion_kernel_specs(self):
-        row_ptr = matrix("csr_row_ptr", "index_t")
-        specs = [
-            KernelSpec("csr5_columns", (
-                *(scalar(n, "index_t") for n in ("n_rows", "n_columns", "n_tail")), row_ptr,
-                matrix("csr_col_idx", "index_t"), matrix("csr_values", "real_t"),
-                scratch("col_idx_out", "index_t"), scratch("values_out", "real_t"),
-                scratch("tile_desc_out", "uint"))),
-            KernelSpec("csr5_descriptors", (scalar("n_full_tiles", "index_t"),
-                                            scratch("tile_desc_out", "uint"))),
-        ]
-        if self.has_empty_offset:
-            specs.append(KernelSpec("csr5_empty_offsets", (
-                scalar("n_rows", "index_t"), scalar("n_columns", "index_t"), row_ptr,
-                matrix("tile_ptr", "tile_ptr_t"), matrix("empty_offset_ptr", "index_t"),
-                scratch("tile_desc_in", "uint", read_only=True),
-                scratch("empty_offset_out", "index_t"))))
-        return tuple(specs)
-
     def _layout_arrays(self):
         """The arrays made from ``indptr`` alone (analyse's :class:`TileLayout`)."""
         layout = self._layout
@@ -438,55 +605,72 @@ class CSR5(SpMVFormat):
         return arrays
 
     def convert_device(self, csr):
-        """The arrays of :meth:`convert`, identical, made on the device from a CSR there:
-        what depends on ``indptr`` alone and costs a number per tile or per empty row
-        (``tile_ptr``, ``empty_offset_ptr``, ``empty_rows``) comes from ``analyse`` and
-        is uploaded; ``csr5_columns`` (a work-item per tile column) transposes the
-        complete tiles, copies the incomplete one and sets the columns' ``bit_flag``s,
-        ``csr5_descriptors`` (a work-item per tile) adds ``y_offset`` and
-        ``seg_offset``, and ``csr5_empty_offsets`` (a work-item per column of the tiles
-        with empty rows) writes ``empty_offset``."""
+        """The arrays of :meth:`convert`, identical, made on the device from a CSR there
+        (templates/csr5_convert.mako).  ``analyse`` made ``tile_ptr`` and the descriptors'
+        bit_flags there; then ``csr5_tile_offsets`` (tiles with empty rows only) scans
+        their segments into ``empty_offset_ptr``, ``csr5_rows_convert`` (a work-item per
+        row, when there are empty rows) lists them and writes ``empty_offset``, and
+        ``csr5_tiles_convert`` (omega work-items per tile) transposes the complete tiles
+        (coalesced reads, and writes through local memory), adds ``y_offset`` and
+        ``seg_offset`` to the descriptors and copies the incomplete tile."""
         queue = self.device.queue
-        idx, omega, sigma = self.index_dtype, self.params["omega"], self.params["sigma"]
+        idx = self.index_dtype
         nnz, m = self.nnz, self.shape[0]
-        _, words = field_bits(omega, sigma)[1:]
-        _, layout_arrays = self._layout_arrays()
-        arrays = {name: cla.to_device(queue, arr) for name, arr in layout_arrays.items()}
-        arrays["row_ptr"] = row_ptr = csr.as_type("indptr", idx, queue, copy=True)
-        n_columns = self.n_full_tiles * omega
-        n_tail = nnz - self.n_full_tiles * omega * sigma
 
-        def empty(size, dtype):   # one element at least (a buffer to bind), cut to size
-            return cla.empty(queue, max(1, size), dtype)[:size]
+        def empty(size, dtype=idx):
+            return cla.empty(queue, size, dtype)
 
-        out = {"col_idx": empty(nnz, idx), "values": empty(nnz, self.dtype),
-               "tile_desc": empty(n_columns * words, np.uint32)}
+        if not nnz:   # nothing on the device to convert: the layout is known
+            _, layout_arrays = self._layout_arrays()
+            arrays = {name: cla.to_device(queue, arr) for name, arr in layout_arrays.items()}
+            arrays["row_ptr"] = csr.as_type("indptr", idx, queue, copy=True)
+            return {**arrays, "col_idx": empty(0), "values": empty(0, self.dtype),
+                    "tile_desc": empty(0, np.uint32)}
+        lay, bufs, n_offsets = self._device_layout
+        del self._device_layout
+        omega, sigma = self.params["omega"], self.params["sigma"]
+        p_full = self.n_full_tiles
+        scan_group, tiles_per_group = self._program[2], self._program[3]
+        _, _, words = field_bits(omega, sigma)
+        out = {"row_ptr": lay["row_ptr"], "tile_ptr": lay["tile_ptr"],
+               "tile_desc": empty(p_full * omega * words, np.uint32),
+               "empty_rows": empty(self.n_empty_rows),
+               "col_idx": empty(nnz), "values": empty(nnz, self.dtype)}
         if self.has_empty_offset:
-            out["empty_offset"] = empty(int(layout_arrays["empty_offset_ptr"][-1]), idx)
+            out["empty_offset_ptr"] = empty(p_full + 1)
+            out["empty_offset"] = empty(n_offsets)
+        ob = {name: arr.base_data if arr.base_data is not None else bufs["info"]
+              for name, arr in out.items()}
         steps = []
-        if nnz:
-            wg = min(CONVERT_GROUP, self.profile.max_work_group_size)
-            common = {"n_rows": m, "n_columns": n_columns,
-                      "csr_row_ptr": row_ptr.base_data}
+        if self.has_empty_offset:
             steps.append(self.step(
-                "csr5_columns", round_up(n_columns + n_tail, wg), wg, n_tail=n_tail,
-                csr_col_idx=_whole(csr.as_type("indices", idx, queue)).base_data,
-                csr_values=_whole(csr.as_type("data", self.dtype, queue)).base_data,
-                col_idx_out=out["col_idx"].base_data, values_out=out["values"].base_data,
-                tile_desc_out=out["tile_desc"].base_data, **common))
-            if self.n_full_tiles:
-                steps.append(self.step("csr5_descriptors", round_up(self.n_full_tiles, wg),
-                                       wg, n_full_tiles=self.n_full_tiles,
-                                       tile_desc_out=out["tile_desc"].base_data))
-            if self.has_empty_offset:
-                steps.append(self.step(
-                    "csr5_empty_offsets", round_up(n_columns, wg), wg,
-                    tile_ptr=arrays["tile_ptr"].base_data,
-                    empty_offset_ptr=arrays["empty_offset_ptr"].base_data,
-                    tile_desc_in=out["tile_desc"].base_data,
-                    empty_offset_out=out["empty_offset"].base_data, **common))
-        self.run_now(queue, steps)   # done before any product, whatever the queue's order
-        return {**arrays, **out}
+                "csr5_tile_offsets", -(-(p_full + 1) // (scan_group * PER_ITEM)) * scan_group,
+                scan_group, n_full_tiles=p_full, segments=bufs["segments"],
+                tile_sums=bufs["tile_sums"], empty_offset_ptr=ob["empty_offset_ptr"],
+                empty_offset_out=ob["empty_offset"]))
+        if self.n_empty_rows or self.has_empty_offset:
+            wg = min(CONVERT_GROUP, self.profile.max_work_group_size)
+            offsets = ({"empty_offset_ptr": ob["empty_offset_ptr"],
+                        "empty_offset_out": ob["empty_offset"]} if self.has_empty_offset else
+                       {"empty_offset_ptr": bufs["segments"],   # never read or written
+                        "empty_offset_out": bufs["first_row"]})
+            steps.append(self.step(
+                "csr5_rows_convert", round_up(m, wg), wg, n_rows=m,
+                tail_row_begin=self.tail_row_begin, n_full_tiles=p_full,
+                with_offsets=int(self.has_empty_offset), row_ptr=bufs["row_ptr"],
+                empty_before=bufs["empty_before"], tile_ptr=bufs["tile_ptr"],
+                empty_rows=ob["empty_rows"], **offsets))
+        tile_group = tiles_per_group * omega
+        steps.append(self.step(
+            "csr5_tiles_convert", max(1, -(-p_full // tiles_per_group)) * tile_group,
+            tile_group, n_rows=m, n_full_tiles=p_full, n_tail=nnz - p_full * omega * sigma,
+            **_pick(bufs, "row_ptr", "first_row", "empty_before", "nonempty_rows"),
+            csr_col_idx=_whole(csr.as_type("indices", idx, queue)).base_data,
+            csr_values=_whole(csr.as_type("data", self.dtype, queue)).base_data,
+            col_idx_out=ob["col_idx"], values_out=ob["values"], tile_desc=ob["tile_desc"]))
+        self._run(queue, steps, finish=True)   # done before any product, whatever the order
+        del self._program
+        return out
 
     def scratch_sizes(self):
         """The sums each complete tile leaves for the calibrate kernel: of its first row
