@@ -1,7 +1,7 @@
 /* Tiled transpose: dst[c * dst_ld + r + dst_offset] = src[r * src_ld + c + src_offset]
    for r < rows, c < cols (src a row-major rows x cols block, dst one of cols x rows).
-   real_t is defined before this text; TC and TR (powers of two) are the tile's columns
-   and rows of src.  A work-group (1-D local size, any size) reads its TR x TC tile row
+   real_t is defined before this text; TC and TR (powers of two, 2^TC_LOG and 2^TR_LOG)
+   are the tile's columns and rows of src.  A work-group (1-D local size, any size) reads its TR x TC tile row
    by row (consecutive work-items on consecutive addresses of src), keeps it in local
    memory (rows padded to an odd stride: no bank conflicts) and writes it column by
    column (consecutive addresses of dst).  Thin blocks get thin tiles (TC = 4 for
@@ -22,14 +22,16 @@ __kernel void transpose(__global const real_t *restrict src, const long src_offs
     const long r0 = row_tile * TR, c0 = col_tile * TC;
     const int lid = get_local_id(0), size = get_local_size(0);
     for (int t = lid; t < TR * TC; t += size) {
-        const int i = t / TC, j = t % TC;    /* powers of two: shifts and masks */
+        /* Shifts and masks, not / and %: LLVM pairs those with a `freeze`, which
+           Oclgrind's --uninitialized cannot run. */
+        const int i = t >> TC_LOG, j = t & (TC - 1);
         const long r = r0 + i, c = c0 + j;
         if (r < rows && c < cols)
             tile[i * STRIDE + j] = src[src_offset + r * src_ld + c];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int t = lid; t < TR * TC; t += size) {
-        const int i = t % TR, j = t / TR;
+        const int i = t & (TR - 1), j = t >> TR_LOG;
         const long r = r0 + i, c = c0 + j;
         if (r < rows && c < cols)
             dst[dst_offset + c * dst_ld + r] = tile[i * STRIDE + j];

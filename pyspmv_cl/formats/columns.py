@@ -63,8 +63,10 @@ class Transpose:
         found = self._kernels.get((tc, tr))
         if found is None:
             device = self.device
-            source = f"{self._prefix}#define TC {tc}\n#define TR {tr}\n" + \
-                codegen.helper("transpose.cl")
+            source = (f"{self._prefix}#define TC {tc}\n#define TR {tr}\n"
+                      f"#define TC_LOG {tc.bit_length() - 1}\n"
+                      f"#define TR_LOG {tr.bit_length() - 1}\n"
+                      + codegen.helper("transpose.cl"))
             kernel = get_program(device.context, device.cl_device, source).all_kernels()[0]
             fits = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE,
                                               device.cl_device)
