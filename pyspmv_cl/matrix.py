@@ -27,7 +27,7 @@ from .errors import (
 from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
-from .formats.columns import ColumnCopy, columns_product
+from .formats.columns import ColumnPath, columns_product
 from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, wait_and_read
@@ -179,7 +179,7 @@ class SpMV:
         self._transposed = None      # adjoint.TransposedCopy, made by the first A^T product
         self._transposed_view = None
         self._adjoint_view = None    # op.H of a complex operator
-        self._column_copy = None     # the strided copy kernel of _device_columns
+        self._column_path = None     # formats/columns.py's ColumnPath, of _device_columns
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -568,20 +568,19 @@ class SpMV:
         return buf
 
     def _device_columns(self, x_buf, y_buf, k, alpha, beta, wait_for):
-        """A device block product for a format without block kernels: per column, a
-        strided copy of column j of the row-major X into a vector, one product, and a
-        copy of the result into column j of Y (``formats/columns.py``, which the tuner
-        times too)."""
-        m, n = self.shape
-        xs, ys = self._block_staging("x_column", n), self._block_staging("y_column", m)
-        if self._column_copy is None:
-            self._column_copy = ColumnCopy(self.device, self.dtype)
+        """A device block product for a format without block kernels: one transpose of
+        the row-major X into the staging block "Xt" (and of Y into "Yt" when beta !=
+        0), one product per column of Xt into the column of Yt, and one transpose of Yt
+        into Y (``formats/columns.py``, which the tuner times too)."""
+        if self._column_path is None:
+            self._column_path = ColumnPath(self.device, self.dtype)
 
         def product(x_column, y_column, waits):
             return self._launch(x_column, y_column, alpha, beta, wait_for=waits)
 
-        event = columns_product(self._column_copy, self.queue, product, x_buf, y_buf, xs,
-                                ys, self.shape, k, beta, self._after_previous(wait_for))
+        event = columns_product(self._column_path, self.queue, product, x_buf, y_buf,
+                                self._block_staging, self.shape, k, beta,
+                                self._after_previous(wait_for))
         if not self._queue_in_order:
             self._previous = event
         return event

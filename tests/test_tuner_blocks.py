@@ -6,6 +6,7 @@ operators tuned for k against scipy in float64.  Small matrices and short budget
 each tuning well under a second on PoCL."""
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 from conftest import DEVICES, assert_cclose, assert_close, reference
@@ -63,7 +64,7 @@ def measure(A, names, k, **kw):
 def test_candidates_are_timed_as_the_operator_runs_blocks(monkeypatch, rng):
     """For k = 5 every product the tuner runs is a block product: csr-scalar's block
     kernels (no single-vector launch), coo (no block kernels) column by column through
-    the operator's strided copy (a copy of X's column in, one of y out, per product)."""
+    the operator's column path (one transpose of X in, one of Y out, per block product)."""
     calls = {}
 
     def counting(key, original):
@@ -76,8 +77,8 @@ def test_candidates_are_timed_as_the_operator_runs_blocks(monkeypatch, rng):
     monkeypatch.setattr(SpMVFormat, "enqueue", counting(("vector",), SpMVFormat.enqueue))
     monkeypatch.setattr(SpMVFormat, "enqueue_block",
                         counting(("block",), SpMVFormat.enqueue_block))
-    monkeypatch.setattr(columns_module.ColumnCopy, "enqueue",
-                        counting("copy", columns_module.ColumnCopy.enqueue))
+    monkeypatch.setattr(columns_module.Transpose, "enqueue",
+                        counting("transpose", columns_module.Transpose.enqueue))
     A = random_values(generators.random_uniform(300, 280, 4, seed=3), rng)
     entry, impl, chosen = measure(A, ("csr-scalar", "coo"), 5)
     products = {c["format"]: c["product"] for c in entry["candidates"]}
@@ -86,7 +87,7 @@ def test_candidates_are_timed_as_the_operator_runs_blocks(monkeypatch, rng):
     assert calls.get("csr-scalar/block", 0) > 0 and "csr-scalar/vector" not in calls
     assert "coo/block" not in calls
     assert calls["coo/vector"] > 0 and calls["coo/vector"] % 5 == 0
-    assert calls["copy"] == 2 * calls["coo/vector"]
+    assert calls["transpose"] == 2 * calls["coo/vector"] // 5
     assert chosen["format"] in products and impl is not None
     # The k = 1 records say nothing of a path.
     entry, _, _ = measure(A, ("csr-scalar",), 1)
@@ -110,9 +111,16 @@ def test_wrong_block_products_are_skipped(monkeypatch, rng):
     entry, impl, chosen = measure(A, ("csr-scalar",), 4)   # unpatched: measured
     assert chosen["format"] == "csr-scalar"
 
-    def short_columns(copy, queue, product, x_buf, y_buf, xs, ys, shape, k, *args, **kw):
-        return columns_module.columns_product(copy, queue, product, x_buf, y_buf, xs, ys,
-                                              shape, k - 1, *args, **kw)
+    def short_columns(path, queue, product, x_buf, y_buf, staging, shape, k, *args, **kw):
+        def short_product(x_column, y_column, waits):   # Y's last column left unwritten
+            done.append(None)
+            return product(x_column, y_column, waits) if len(done) % k else \
+                cl.enqueue_marker(queue, wait_for=waits)
+
+        return columns_module.columns_product(path, queue, short_product, x_buf, y_buf,
+                                              staging, shape, k, *args, **kw)
+
+    done = []
 
     with monkeypatch.context() as m:
         m.setattr(tuner, "columns_product", short_columns)
