@@ -204,6 +204,21 @@ def poisoned(shape, dtype):
 
 
 @pytest.fixture
+def empty_tuning_db(tmp_path, monkeypatch):
+    """An empty tuning database: its directory under tmp_path (yielded), the memory
+    layer cleared before and after, and the caller's PYSPMV_CL_TUNE and
+    PYSPMV_CL_TUNE_BUDGET unset."""
+    from pyspmv_cl.tuning import database
+    root = tmp_path / "tuning"
+    monkeypatch.setenv(database.TUNING_DIR_ENV, str(root))
+    monkeypatch.delenv("PYSPMV_CL_TUNE", raising=False)
+    monkeypatch.delenv("PYSPMV_CL_TUNE_BUDGET", raising=False)
+    database.clear_memory()
+    yield root
+    database.clear_memory()
+
+
+@pytest.fixture
 def rng():
     """Fresh random data every run (the seed is printed on failure by pytest's repr)."""
     seed = int.from_bytes(os.urandom(4), "little")

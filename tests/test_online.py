@@ -21,12 +21,8 @@ DTYPE = np.float32
 
 
 @pytest.fixture(autouse=True)
-def db(tmp_path, monkeypatch):
-    monkeypatch.setenv(database.TUNING_DIR_ENV, str(tmp_path / "tuning"))
-    monkeypatch.delenv("PYSPMV_CL_TUNE", raising=False)
-    database.clear_memory()
-    yield
-    database.clear_memory()
+def db(empty_tuning_db):
+    return empty_tuning_db
 
 
 def matrix(seed=0):

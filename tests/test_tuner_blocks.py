@@ -25,14 +25,8 @@ BUDGET = 0.5
 
 
 @pytest.fixture(autouse=True)
-def db(tmp_path, monkeypatch):
-    root = tmp_path / "tuning"
-    monkeypatch.setenv(database.TUNING_DIR_ENV, str(root))
-    monkeypatch.delenv("PYSPMV_CL_TUNE", raising=False)
-    monkeypatch.delenv("PYSPMV_CL_TUNE_BUDGET", raising=False)
-    database.clear_memory()
-    yield root
-    database.clear_memory()
+def db(empty_tuning_db):
+    return empty_tuning_db
 
 
 def random_values(A, rng):

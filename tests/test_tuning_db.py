@@ -23,14 +23,9 @@ BUDGET = 0.5
 
 
 @pytest.fixture
-def db(tmp_path, monkeypatch):
+def db(empty_tuning_db):
     """An empty tuning database directory and an empty memory layer."""
-    root = tmp_path / "tuning"
-    monkeypatch.setenv(database.TUNING_DIR_ENV, str(root))
-    monkeypatch.delenv("PYSPMV_CL_TUNE", raising=False)
-    database.clear_memory()
-    yield root
-    database.clear_memory()
+    return empty_tuning_db
 
 
 def matrix(k=40):
