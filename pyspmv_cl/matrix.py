@@ -27,7 +27,7 @@ from .errors import (
 from .features import MatrixFeatures
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
-from .formats.columns import ColumnPath, columns_product
+from .formats.columns import ColumnPath, StagingBlocks, columns_product
 from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, wait_and_read
@@ -161,6 +161,8 @@ class SpMV:
             self.build_time = self._impl.build_seconds
         self.format = format
         self._staging = {}
+        # Block staging (grow-only, by role): copies of X and Y, the column path's blocks.
+        self._block_staging = StagingBlocks(self.device.context, self.dtype)
         # Host vectors multiplied in place on devices that compute in host memory.
         self._host_mode = self.device.host_arrays
         self._lock = threading.RLock()
@@ -557,15 +559,6 @@ class SpMV:
         wait_and_read(self.queue, y_buf, y_host, event, self._host_mode)
         if not direct:
             target[...] = y_host
-
-    def _block_staging(self, role, count):
-        """A staging buffer of at least ``count`` values (grown when too small)."""
-        nbytes = max(1, int(count)) * self.dtype.itemsize
-        buf = self._staging.get(role)
-        if buf is None or buf.size < nbytes:
-            buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, nbytes)
-            self._staging[role] = buf
-        return buf
 
     def _device_columns(self, x_buf, y_buf, k, alpha, beta, wait_for):
         """A device block product for a format without block kernels: one transpose of

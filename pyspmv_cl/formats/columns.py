@@ -95,6 +95,24 @@ class Transpose:
                               wait_for=wait_for or None)
 
 
+class StagingBlocks:
+    """Device buffers by role that only grow: ``blocks(role, count)`` is a buffer of at
+    least ``count`` values, the one held for ``role`` unless it is too small.  The
+    operator's block staging and the tuner's column path both keep one."""
+
+    def __init__(self, context, dtype):
+        self.context, self.itemsize = context, np.dtype(dtype).itemsize
+        self._buffers = {}
+
+    def __call__(self, role, count):
+        nbytes = max(1, int(count)) * self.itemsize
+        buf = self._buffers.get(role)
+        if buf is None or buf.size < nbytes:
+            buf = self._buffers[role] = cl.Buffer(self.context, cl.mem_flags.READ_WRITE,
+                                                  nbytes)
+        return buf
+
+
 class ColumnPath:
     """What a user of :func:`columns_product` keeps: the transpose kernel and the
     sub-buffers of the staging blocks' columns (made once per staging buffer, shape

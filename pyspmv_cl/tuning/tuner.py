@@ -46,7 +46,7 @@ from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
 from ..formats import FORMATS
 from ..formats.base import conversion_is_cheap, instantiate, plan_blocks
-from ..formats.columns import ColumnPath, columns_product
+from ..formats.columns import ColumnPath, StagingBlocks, columns_product
 from ..launching import launches_seconds
 from . import database, online
 from .heuristics import block_params, block_sets_first, choose_format
@@ -217,7 +217,7 @@ class _Bench:
                                max(1, m * k) * self.dtype.itemsize)
         self.m, self.n = m, n
         self._columns = None   # formats/columns.py's ColumnPath, of the column path
-        self._staging = {}     # its staging blocks, by role
+        self._staging = StagingBlocks(device.context, self.dtype)   # its blocks
 
     def _scipy_reference(self):
         A64 = self.csr.astype(np.complex128 if self.dtype.kind == "c" else np.float64)
@@ -254,16 +254,7 @@ class _Bench:
             return impl.enqueue(self.queue, x, y, 1.0, 0.0, wait_for=waits or None)
 
         return columns_product(self._columns, self.queue, product, self.x_buf, self.y_buf,
-                               self._staging_block, (self.m, self.n), k, 0.0)
-
-    def _staging_block(self, role, count):
-        """A staging block of the column path (as the operator's ``_block_staging``)."""
-        nbytes = max(1, int(count)) * self.dtype.itemsize
-        buf = self._staging.get(role)
-        if buf is None or buf.size < nbytes:
-            buf = self._staging[role] = cl.Buffer(self.device.context,
-                                                  cl.mem_flags.READ_WRITE, nbytes)
-        return buf
+                               self._staging, (self.m, self.n), k, 0.0)
 
     def _product(self, impl):
         event = self.enqueue(impl)
