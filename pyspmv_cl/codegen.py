@@ -166,13 +166,20 @@ def needs_fp64_pragma(opencl_c_version) -> bool:
     return tuple(opencl_c_version) < (1, 2)
 
 
+def full_bits(dtype) -> int:
+    """The width in bits of a value of ``dtype`` (a complex value's part's): the default
+    ``value_bits`` of an operator of ``dtype`` (formats/storage.py)."""
+    dtype = np.dtype(dtype)
+    return dtype.itemsize * 8 // (2 if dtype.kind == "c" else 1)
+
+
 def value_storage(dtype, value_bits=None) -> str:
     """How values of an operator of ``dtype`` are stored with ``value_bits``
     (formats/storage.py): ``"same"`` (as ``real_t``; None or the type's own width),
     ``"half"`` (IEEE binary16, read with ``vload_half``) or ``"float"`` (float32 values
     of a float64 operator)."""
     dtype = np.dtype(dtype)
-    width = (dtype.itemsize // (2 if dtype.kind == "c" else 1)) * 8
+    width = full_bits(dtype)
     if value_bits is None or value_bits == width or dtype.kind not in "fc":
         return "same"
     if dtype.kind == "f" and value_bits == 16:

@@ -507,9 +507,13 @@ class SpMVFormat:
         ``value_dtype`` (overflow refused: formats/storage.py)."""
         return to_storage(self.name, data, self.dtype, self.value_dtype)
 
-    def stored_values_device(self, data):
-        """The same on the device, for a pyopencl array in ``dtype`` (a new array)."""
-        return to_storage_device(self, data)
+    def device_values(self, csr, queue, copy: bool = False):
+        """The values of a ``DeviceCSR`` as the value arrays hold them: cast to
+        ``dtype`` (itself where it has it, unless ``copy``), then with ``value_bits``
+        rounded on the device into a new array (formats/storage.py)."""
+        if not self.reduced_values:
+            return csr.as_type("data", self.dtype, queue, copy=copy)
+        return to_storage_device(self, csr.as_type("data", self.dtype, queue))
 
     def check_group_size(self, param: str = "work_group_size", local_bytes=None) -> int:
         """Validate ``self.params[param]`` against the device: at most its maximum

@@ -5,7 +5,6 @@ from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from . import params as P
 from .base import SpMVFormat
 from .lanes import LanesBlocks
-from .storage import VALUE_BITS, full_bits
 
 #: row_ptr, col_idx, values as the CSR kernels declare them (values in value_t: the
 #: operator's type, or fewer bits with ``value_bits``, read through LOADV).
@@ -29,14 +28,6 @@ BLOCK_MAPPING = P.Param("block_mapping", P.one_of(*BLOCK_MAPPINGS),
 
 def default_block_mapping(profile) -> str:
     return "lanes" if profile.is_gpu else "items"
-
-
-#: ``value_bits`` (formats/storage.py), declared by both CSR formats.
-CSR_VALUE_BITS = VALUE_BITS
-
-
-def default_value_bits(dtype) -> int:
-    return full_bits(dtype)
 
 
 class CSRFormatBase(LanesBlocks, SpMVFormat):
@@ -71,12 +62,8 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
 
     def convert_device(self, csr):
         queue = self.device.queue
-        if self.reduced_values:   # rounded on the device (formats/storage.py)
-            values = self.stored_values_device(csr.as_type("data", self.dtype, queue))
-        else:
-            values = csr.as_type("data", self.dtype, queue, copy=True)
         arrays = {"row_ptr": csr.as_type("indptr", self.index_dtype, queue, copy=True),
                   "col_idx": csr.as_type("indices", self.index_dtype, queue, copy=True),
-                  "values": values}
+                  "values": self.device_values(csr, queue, copy=True)}
         queue.finish()   # ordered before any product, whatever the queue's order
         return arrays

@@ -15,12 +15,11 @@ from .csr_common import (
     BLOCK_MAPPING,
     CSR_ROW_ARGS,
     CSR_ROW_BLOCK_ARGS,
-    CSR_VALUE_BITS,
     CSRFormatBase,
     default_block_mapping,
-    default_value_bits,
 )
 from .registry import register
+from .storage import VALUE_BITS, full_bits
 
 
 @register
@@ -29,7 +28,7 @@ class CSRScalar(CSRFormatBase):
     complex_values = True
     order = 0
     template = "csr_scalar.mako"
-    params = (P.work_group_size(), BLOCK_MAPPING, CSR_VALUE_BITS)
+    params = (P.work_group_size(), BLOCK_MAPPING, VALUE_BITS)
     block_widths = BLOCK_WIDTHS
     block_template = "csr_scalar_block.mako"
 
@@ -37,7 +36,7 @@ class CSRScalar(CSRFormatBase):
     def default_params(cls, features, profile, dtype):
         return {"work_group_size": row_per_item_work_group_size(profile),
                 "block_mapping": default_block_mapping(profile),
-                "value_bits": default_value_bits(dtype)}
+                "value_bits": full_bits(dtype)}
 
     @classmethod
     def estimate_cost(cls, features, profile, dtype):

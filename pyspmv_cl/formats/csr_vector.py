@@ -64,12 +64,11 @@ from .csr_common import (
     CSR_ARRAYS,
     CSR_ROW_ARGS,
     CSR_ROW_BLOCK_ARGS,
-    CSR_VALUE_BITS,
     CSRFormatBase,
     default_block_mapping,
-    default_value_bits,
 )
 from .registry import register
+from .storage import VALUE_BITS, full_bits
 
 VECTOR_SIZES = (2, 4, 8, 16, 32, 64)
 MAPPINGS = ("rows", "adaptive", "merge")
@@ -182,7 +181,7 @@ class CSRVector(CSRFormatBase):
                 "entries each work-item reads per window (mapping='adaptive'), merge "
                 "items per work-item (mapping='merge')"),
         BLOCK_MAPPING,
-        CSR_VALUE_BITS,
+        VALUE_BITS,
     )
 
     # Block kernels for mapping="rows" (the adaptive and merge mappings multiply column by
@@ -209,7 +208,7 @@ class CSRVector(CSRFormatBase):
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction,
                 "mapping": "rows", "items_per_thread": None,
                 "block_mapping": default_block_mapping(profile),
-                "value_bits": default_value_bits(dtype)}
+                "value_bits": full_bits(dtype)}
 
     @staticmethod
     def _adaptive_defaults(rows, profile, dtype):

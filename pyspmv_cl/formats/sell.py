@@ -451,7 +451,7 @@ class SELL(LanesBlocks, SpMVFormat):
                 "sell_scatter", round_up(m, wg), wg, n_rows=m,
                 csr_row_ptr=csr.as_type("indptr", self.index_dtype, queue).base_data,
                 csr_col_idx=csr.as_type("indices", self.index_dtype, queue).base_data,
-                csr_values=self._csr_values(csr, queue).base_data,
+                csr_values=self.device_values(csr, queue).base_data,
                 slice_ptr_in=arrays["slice_ptr"].base_data, **where,
                 col_idx_out=col_idx.base_data, values_out=values.base_data))
         if self.params["col_bits"] == 16:
@@ -459,12 +459,6 @@ class SELL(LanesBlocks, SpMVFormat):
                     "values": values}
         self.run_now(queue, steps)   # done before any product, whatever the queue's order
         return {**arrays, "col_idx": col_idx, "values": values}
-
-    def _csr_values(self, csr, queue):
-        """The CSR values in the stored type: as given (cast to ``dtype``), or rounded
-        on the device with ``value_bits`` (formats/storage.py)."""
-        values = csr.as_type("data", self.dtype, queue)
-        return self.stored_values_device(values) if self.reduced_values else values
 
     def _compress_device(self, col_idx, slice_ptr, steps):
         """col_bits=16 on the device: ``sell_compress`` (a work-item per slice) finds

@@ -29,7 +29,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from ..codegen import KernelSpec, scalar, scratch
+from ..codegen import KernelSpec, full_bits, scalar, scratch
 from ..errors import FormatNotSuitableError, InvalidInputError, InvalidParameterError
 from . import params as P
 from .builder import ProgramSpec, build_program
@@ -43,13 +43,6 @@ VALUE_BITS = P.Param("value_bits", P.one_of(16, 32, 64),
                      "format='auto' never picks it)")
 
 _LARGEST = {np.dtype(np.float16): 65504.0, np.dtype(np.float32): float(np.finfo(np.float32).max)}
-
-
-def full_bits(dtype) -> int:
-    """The default ``value_bits`` of an operator of ``dtype``: its own width (a complex
-    value's part's)."""
-    dtype = np.dtype(dtype)
-    return dtype.itemsize * 8 // (2 if dtype.kind == "c" else 1)
 
 
 def value_dtype(format_name: str, dtype, value_bits) -> np.dtype:
