@@ -262,6 +262,9 @@ class SpMVFormat:
         self.params["index_bits"] = self.index_dtype.itemsize * 8
         #: Whether the matrix came on the device (convert_device makes the arrays).
         self.converting_on_device = isinstance(csr, DeviceCSR)
+        # Filled after convert (bound by name); empty before, when analyse may launch
+        # kernels whose arguments are all given by name.
+        self.buffers, self.scratch = {}, {}
         start_analyse = time.perf_counter()
         self.analyse(csr)
         analysed = time.perf_counter()
@@ -269,7 +272,6 @@ class SpMVFormat:
         self.analyse_seconds = analysed - start_analyse
         self.kernels = {}
         self._specs = {}
-        self.buffers, self.scratch = {}, {}   # filled after convert (bound by name)
         start = time.perf_counter()
         self._build()
         built = time.perf_counter()
@@ -574,13 +576,11 @@ class SpMVFormat:
         spec = specs[step.kernel]
         operands = {X: x_buf, Y: y_buf, ALPHA: alpha, BETA: beta}
         values = {}
-        # Absent before the conversion (analyse may launch kernels, all given by name).
-        buffers, scratch = getattr(self, "buffers", {}), getattr(self, "scratch", {})
         for arg in spec.args:   # each role's default, unless given by name
             if arg.role == MATRIX:
-                values[arg.name] = buffers.get(step.prefix + arg.name)
+                values[arg.name] = self.buffers.get(step.prefix + arg.name)
             elif arg.role == SCRATCH:
-                values[arg.name] = scratch.get(step.prefix + arg.name)
+                values[arg.name] = self.scratch.get(step.prefix + arg.name)
             elif arg.role in operands:
                 values[arg.name] = operands[arg.role]
         values = {k: v for k, v in values.items() if v is not None}
