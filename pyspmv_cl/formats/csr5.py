@@ -89,6 +89,11 @@ def _pos_type(m, nnz, tile):
     return np.int32 if nnz + 2 * tile < 2**31 and m < 2**31 - 1 else np.int64
 
 
+def _tile_ptr_type(index_dtype):
+    """``tile_ptr``'s unsigned type: as wide as the indices (its sign bit a flag)."""
+    return np.dtype(np.uint32 if np.dtype(index_dtype).itemsize == 4 else np.uint64)
+
+
 class TileRows(typing.NamedTuple):
     """Where the tiles start among the rows: what the kernel source and the launches
     need before conversion, and what the conversion reuses."""
@@ -140,7 +145,7 @@ def tile_layout(indptr, omega, sigma, index_dtype):
     first_row, has_empty, nonempty = rows
 
     # tile_ptr: the (non-empty) row holding each tile's first entry; m past the end.
-    ptr_type = np.uint32 if index_dtype.itemsize == 4 else np.uint64
+    ptr_type = _tile_ptr_type(index_dtype).type
     sign = ptr_type(1) << ptr_type(8 * index_dtype.itemsize - 1)
     tile_ptr = first_row.astype(ptr_type)
     tile_ptr[:-1][has_empty] |= sign
@@ -269,7 +274,7 @@ def _pick(d, *names):
 
 def _empty_layout(m, index_dtype):
     """The :class:`TileLayout` of a matrix without entries (all rows are tail rows)."""
-    ptr_type = np.uint32 if np.dtype(index_dtype).itemsize == 4 else np.uint64
+    ptr_type = _tile_ptr_type(index_dtype)
     rows = TileRows(np.array([m]), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64))
     return TileLayout(rows, np.array([m], dtype=ptr_type), None, 0,
                       np.zeros(0, dtype=index_dtype))
@@ -508,7 +513,7 @@ class CSR5(SpMVFormat):
         scan_group = self._program[2]
         chunk = scan_group * PER_ITEM
         row_groups, tile_groups = -(-(m + 1) // chunk), -(-(p + 1) // chunk)
-        ptr_type = np.uint32 if idx.itemsize == 4 else np.uint64
+        ptr_type = _tile_ptr_type(idx)
 
         def buffer(size, dtype=idx):   # work buffers: plain buffers (no pyopencl arrays)
             return cl.Buffer(queue.context, cl.mem_flags.READ_WRITE,
