@@ -44,6 +44,7 @@ import pyopencl.array as cla
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.runner import wall_times
 from pyspmv_cl.device_inputs import DeviceCSR
 from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import get_format
@@ -59,13 +60,7 @@ COLUMNS = ("host_numpy", "host", "device", "upload+device", "spmv")
 
 def median_seconds(run, repeat):
     """Median wall time of ``run()`` (which finishes the queue itself) after a warm-up."""
-    run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(wall_times(run, repeat))
 
 
 def parse_sets(items):

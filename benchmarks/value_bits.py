@@ -34,7 +34,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +42,7 @@ import scipy.sparse as sp
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.runner import wall_times
 from pyspmv_cl.launching import launches_seconds
 
 #: The shared matrices beside the checkout (PYSPMV_CL_MATRIX_DIR overrides).
@@ -71,16 +71,13 @@ def bench(A, fmt, dtype, bits, device, x, repeats):
 
     def product():
         op.matvec(xd, out=yd)
-    product()
-    q.finish()
-    kernel = statistics.median(launches_seconds(product) for _ in range(repeats))
-    walls = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+
+    def waited():
         product()
         q.finish()
-        walls.append(time.perf_counter() - t0)
-    return op, yd.get(), kernel, statistics.median(walls)
+    waited()
+    kernel = statistics.median(launches_seconds(product) for _ in range(repeats))
+    return op, yd.get(), kernel, statistics.median(wall_times(waited, repeats))
 
 
 def main(argv=None):

@@ -209,7 +209,7 @@ def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
         return launches_seconds(lambda: op.matvec(x_dev, out=y_dev))
 
     def finish(seconds):
-        wall = statistics.median(_wall_times(lambda: op @ x_host, 5, min_time=0.05))
+        wall = statistics.median(wall_times(lambda: op @ x_host, 5, min_time=0.05))
         y = op @ x_host
         extra = {}
         if op.tuning is not None:
@@ -223,7 +223,7 @@ def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
     return sample, finish
 
 
-def _wall_times(fn, count, min_time=0.0, max_count=200):
+def wall_times(fn, count, min_time=0.0, max_count=200):
     """Wall seconds of ``fn()`` after one warm-up: ``count`` samples at least, more
     until ``min_time`` has passed (short calls are noisy)."""
     fn()
