@@ -144,20 +144,47 @@ static inline realb_t cmulb(const real_t a, const realb_t b)
         }
 % endif
 </%def>
-## The lanes block kernels (formats/lanes.py): KB consecutive work-items share a row,
-## `lane` computing column `lane` of the block.  KB is a power of two: shifts (a division
-## and its remainder compile to LLVM's freeze, which Oclgrind's uninitialised-value
-## checker cannot run).
+## The lanes block kernels (formats/lanes.py): LPR = KB / LC consecutive work-items
+## share a row, `lane` computing the LC columns lane, lane + LPR, lane + 2*LPR, ... of
+## the block (LC = lane_columns).  Several columns per work-item put several rows in a
+## warp at k = 32, so more of X's row reads are in flight.  For one column offset the
+## LPR lanes of a row read LPR consecutive entries of X's row (one cache sector or more).
+## KB and LC are powers of two: shifts (a division and its remainder compile to LLVM's
+## freeze, which Oclgrind's uninitialised-value checker cannot run).
 <%def name="lanes_row()">
+<% lpr = block_width // lane_columns %>#define LC ${lane_columns}
+#define LPR ${lpr}
     const long gid = get_global_id(0);
-    const long row = gid >> ${block_width.bit_length() - 1};
-    const long lane = gid & (KB - 1);
+    const long row = gid >> ${lpr.bit_length() - 1};
+    const long lane = gid & (LPR - 1);
 </%def>
-## Store alpha*sum (+ beta*y) into entry `lane` of row `row` of the y block.
-<%def name="store_y_lane(row, value)">
+## Declare the LC sums `name`0, `name`1, ... of a work-item, zero.
+<%def name="lane_sums(name)">
+% for v in range(lane_columns):
+        real_t ${name}${v} = (real_t)(0);
+% endfor
+</%def>
+## Add value `a` times the work-item's LC entries of the X row starting at `xr` (a
+## pointer already offset by x_col + lane) to the sums `name`0, `name`1, ...
+<%def name="lane_fma(name, a, xr)">
+% for v in range(lane_columns):
+            ${name}${v} += MUL(${a}, (${xr})[${v} * LPR]);
+% endfor
+</%def>
+## Add the sums `other`v into `name`v.
+<%def name="lane_add(name, other)">
+% for v in range(lane_columns):
+        ${name}${v} += ${other}${v};
+% endfor
+</%def>
+## Store alpha*sum`v` (+ beta*y) into the work-item's LC entries of row `row` of the y
+## block.
+<%def name="store_y_lane(row, name)">
         {
             __global real_t *yl = y + (long)(${row}) * ldy + y_col + lane;
-            *yl = NONZERO(beta) ? MUL(alpha, ${value}) + MUL(beta, *yl)
-                                : MUL(alpha, ${value});
+% for v in range(lane_columns):
+            yl[${v} * LPR] = NONZERO(beta) ? MUL(alpha, ${name}${v}) + MUL(beta, yl[${v} * LPR])
+                                  : MUL(alpha, ${name}${v});
+% endfor
         }
 </%def>

@@ -1,11 +1,11 @@
 <%namespace name="c" file="common.mako"/>
-## CSR, KB vectors at once, "lanes over k" (the GPU block kernel): KB consecutive
-## work-items share a row, work-item `lane` computing column `lane` of the block.  For
-## each of the row's entries they all read the same (column, value), which the cache
-## serves once, and read KB consecutive entries of that column's row of x (coalesced);
-## they write KB consecutive entries of y.  No local memory, no reduction.  KB is a
-## power of two up to 32 (a warp on NVIDIA); the sums are real_t, so complex values
-## work as in the one-vector kernels.
+## CSR, KB vectors at once, "lanes over k" (the GPU block kernel): KB / LC consecutive
+## work-items share a row, each computing LC columns of the block (common.mako's
+## lanes_row).  For each of the row's entries they all read the same (column, value),
+## which the cache serves once, and read consecutive entries of that column's row of x
+## (coalesced); they write consecutive entries of y.  No local memory, no reduction.
+## KB is a power of two up to 32; the sums are real_t, so complex values work as in the
+## one-vector kernels.
 ${c.preamble()}
 #define KB ${block_width}
 
@@ -15,17 +15,24 @@ ${c.lanes_row()}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
         __global const real_t *xl = x + x_col + lane;
-        real_t sum = (real_t)(0);
         index_t j = row_ptr[row];
-        // Two sums in turn: two loads of x in flight per work-item.
-        real_t sum2 = (real_t)(0);
+        // Two entries in turn, each with sums of its own: more loads of x in flight.
+${c.lane_sums("s")}
+${c.lane_sums("t")}
         for (; j + 1 < end; j += 2) {
-            sum += MUL(LOADV(j, values), xl[(long)col_idx[j] * ldx]);
-            sum2 += MUL(LOADV(j + 1, values), xl[(long)col_idx[j + 1] * ldx]);
+            const real_t a = LOADV(j, values);
+            const real_t b = LOADV(j + 1, values);
+            __global const real_t *xa = xl + (long)col_idx[j] * ldx;
+            __global const real_t *xb = xl + (long)col_idx[j + 1] * ldx;
+${c.lane_fma("s", "a", "xa")}
+${c.lane_fma("t", "b", "xb")}
         }
-        if (j < end)
-            sum += MUL(LOADV(j, values), xl[(long)col_idx[j] * ldx]);
-        sum += sum2;
-${c.store_y_lane("row", "sum")}
+        if (j < end) {
+            const real_t a = LOADV(j, values);
+            __global const real_t *xa = xl + (long)col_idx[j] * ldx;
+${c.lane_fma("s", "a", "xa")}
+        }
+${c.lane_add("s", "t")}
+${c.store_y_lane("row", "s")}
     }
 }

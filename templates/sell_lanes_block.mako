@@ -1,8 +1,8 @@
 <%namespace name="c" file="common.mako"/>
 <%namespace name="sc" file="sell_common.mako"/>
-## SELL-C-sigma, KB vectors at once, lanes over k (formats/lanes.py; complex values):
-## KB consecutive work-items share a row (its slots lie C apart in its slice; padding
-## column -1 is skipped), lane j computing column j of the block, the result going to
+## SELL-C-sigma, KB vectors at once, lanes over k (formats/lanes.py): KB / LC
+## consecutive work-items share a row (its slots lie C apart in its slice; padding
+## column -1 is skipped), each computing LC columns of the block, the result going to
 ## row perm[row] of y.
 ${c.preamble()}
 #define KB ${block_width}
@@ -17,14 +17,17 @@ ${c.lanes_row()}
         const long r = row - slice * C;
 ${sc.slice_base()}
         __global const real_t *xl = x + x_col + lane;
-        real_t sum = (real_t)(0);
+${c.lane_sums("s")}
         const index_t end = slice_ptr[slice + 1];
         for (index_t k = slice_ptr[slice] + (index_t)r; k < end; k += C) {
             const index_t col = COL(k);
-            if (col >= 0)
-                sum += MUL(LOADV(k, values), xl[(long)col * ldx]);
+            if (col >= 0) {
+                const real_t a = LOADV(k, values);
+                __global const real_t *xa = xl + (long)col * ldx;
+${c.lane_fma("s", "a", "xa")}
+            }
         }
         const long out = ${"perm[row]" if has_perm else "row"};
-${c.store_y_lane("out", "sum")}
+${c.store_y_lane("out", "s")}
     }
 }

@@ -192,7 +192,7 @@ def products(op, A, dtype, rng, full, blocks=True):
 def block_products(op, A, dtype, rng):
     """Multi-vector products (block kernels where the format has them, else the column
     loop): k = 3 (blocks of 2 and 1) into a fresh device block with beta == 0, and
-    k = 19 (16, 2, 1) on the host with beta != 0."""
+    k = 35 (32, 2, 1) on the host with beta != 0."""
     m, n = A.shape
     queue = op.queue
     X = rng.standard_normal((n, 3))
@@ -201,8 +201,8 @@ def block_products(op, A, dtype, rng):
     KEEP.extend([X_d, Y_d])
     op.matmat(X_d, out=Y_d, alpha=0.5)
     check(Y_d.get(), A, X, dtype, 0.5)
-    X = rng.standard_normal((n, 19))
-    Y0 = rng.standard_normal((m, 19)).astype(dtype)
+    X = rng.standard_normal((n, 35))
+    Y0 = rng.standard_normal((m, 35)).astype(dtype)
     Y = op.matmat(np.asfortranarray(X), out=Y0.copy(), alpha=2.0, beta=-0.5)
     check(Y, A, X, dtype, 2.0, -0.5, Y0)
     return 2

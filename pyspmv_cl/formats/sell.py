@@ -506,7 +506,7 @@ class SELL(LanesBlocks, SpMVFormat):
                            fixed_group=True)]
 
     def block_template_params(self, kb):
-        return {**self.template_params(), "device_conversion": False, "block_width": kb}
+        return {**super().block_template_params(kb), "device_conversion": False}
 
     def items_block_local_bytes(self, kb, work_group_size):
         return kb * self.local_bytes(work_group_size)
