@@ -1,5 +1,5 @@
 <%namespace name="c" file="common.mako"/>
-## ELLPACK, KB vectors at once, lanes over k (formats/lanes.py; complex values): KB / LC
+## ELLPACK, KB vectors at once, lanes over k (formats/lanes.py; GPUs): KB / LC
 ## consecutive work-items share a row, each computing LC columns of the block; the
 ## row's slots (column-major, padding column -1 ends the row) are read once per lane
 ## group, X's rows side by side.

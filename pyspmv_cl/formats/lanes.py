@@ -1,7 +1,8 @@
-"""The "lanes" block kernels, one design for the formats that have them: k / c consecutive
-work-items share a row, each computing c of the block's vectors (``lane_columns``), so
-that every entry of the row is read once (a broadcast to the row's lanes) and the k
-entries of X's row it multiplies are read side by side (coalesced on GPUs).  The sums
+"""The "lanes" block kernels, one design for the formats that have them: k / c
+consecutive work-items share a row, each computing c of the block's vectors
+(``lane_columns``: 1 up to k = 8, 2 from k = 16), so that every entry of the row is
+read once (a broadcast to the row's lanes) and the k entries of X's row it multiplies
+are read side by side (coalesced on GPUs).  The sums
 are ``real_t``: complex values work.
 
 A format mixes ``LanesBlocks`` in, may say when the lanes kernel is used (``_lanes``), names
@@ -17,16 +18,18 @@ LANES_GROUP = 128
 
 
 def lane_columns(kb: int) -> int:
-    """Columns of the block each work-item computes: two (for k >= 2), so that a
+    """Columns of the block each work-item computes: two from k = 16, so that a
     32-wide warp holds two rows at k = 32 and keeps more reads of X's rows in flight
-    (the product waits on them, not on the matrix).  On an H100 (cage10 x133, wing
-    x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros; csr-scalar, csr-vector
-    and sell), against one column per work-item, two ran k = 8 0-26% faster (astro-ph
-    float32 3% slower), k = 16 10-41% and k = 32 0-52% faster.  Four columns at k = 32
-    were 4-6% faster than two on the regular float64 matrices but 14-15% slower on the
+    (the product waits on them, not on the matrix); one below.  On an H100 (cage10
+    x133, wing x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros; csr-scalar,
+    csr-vector and sell), against one column per work-item, two ran k = 32 0-52%
+    faster and k = 16 10-41% (Groebner not measured).  At k = 8 two columns (8 rows
+    a warp) gained 0-26% on the regular matrices but lost 3% on astro-ph and 26% on
+    Groebner (a warp waits for its longest row).  Four columns at k = 32 were 4-6%
+    faster than two on the regular float64 matrices but 14-15% slower on the
     irregular ones, and slower in float32 on 2 of 3 matrices; eight were slower
     everywhere."""
-    return min(2, kb)
+    return 2 if kb >= 16 else 1
 
 
 class LanesBlocks:
