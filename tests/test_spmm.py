@@ -150,14 +150,14 @@ def test_dtypes(device, fmt, dtype):
 
 
 # The lanes kernels (formats/lanes.py): the CSR formats' with block_mapping="lanes" (the
-# GPU default), ell's for complex values, sell's for every value type on GPUs.
+# GPU default), ell's and sell's for every value type on GPUs.
 LANES_CASES = [
     *[("csr-scalar", {"block_mapping": "lanes"}, "csr_lanes_block", d)
       for d in (np.float32, np.complex64, np.complex128)],
     *[("csr-vector", {"block_mapping": "lanes"}, "csr_lanes_block", d)
       for d in (np.float32, np.complex64, np.complex128)],
     *[("ell", {"max_padding": float("inf")}, "ell_lanes_block", d)
-      for d in (np.complex64, np.complex128)],
+      for d in (np.float32, np.float64, np.complex64, np.complex128)],
     ("sell", {}, "sell_lanes_block", np.complex64),
     ("sell", {}, "sell_lanes_block", np.float32),
     ("sell", {"mapping": "rows", "slice_height": 4, "threads_per_row": 2},
@@ -175,8 +175,7 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
     group's rows; poisoned outputs, alpha/beta, device arrays."""
     from pyspmv_cl.launching import record_launches
 
-    if np.dtype(dtype) == np.complex128:
-        skip_without_fp64(device, dtype)
+    skip_without_fp64(device, dtype)
     rng = np.random.default_rng()
     m, n = 301, 5003
     A = random_matrix(rng, m, n, density=0.002).tolil()
