@@ -13,8 +13,10 @@ ${signature("sell_lanes_block")}
 {
 ${c.lanes_row()}
     if (row < n_rows) {
-        const long slice = row / C;
-        const long r = row - slice * C;
+        // C is a power of two: a shift and a mask (a division and its remainder make
+        // LLVM emit a "freeze", which Oclgrind's uninitialised-value check misreads)
+        const long slice = row >> ${slice_height.bit_length() - 1};
+        const long r = row & (C - 1);
 ${sc.slice_base()}
         __global const real_t *xl = x + x_col + lane;
 ${c.lane_sums("s")}
