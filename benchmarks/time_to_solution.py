@@ -249,7 +249,9 @@ def table(env_info, rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("specs", nargs="+", help="generator specs or .mtx(.gz) paths")
-    ap.add_argument("--device", default=None)
+    ap.add_argument("--device", default=None,
+                    help="a selection, or 'default': SpMV(A) chooses, as for a user who "
+                    "gives none (with POCL_DEVICES='pthread basic': the driver by size)")
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--formats", default="auto",
                     help="comma list: 'auto' (the defaults), 'auto:1000' (expected_calls="
@@ -265,7 +267,10 @@ def main(argv=None):
                          "non-zeros (e.g. 2e7)")
     ap.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
     args = ap.parse_args(argv)
-    device = psc.get_device(args.device)
+    chooses = args.device == "default"
+    if chooses and args.vectors == "device":
+        ap.error("--device default multiplies host vectors: device vectors need a device")
+    device = psc.get_device(None if chooses else args.device)
     dtypes = [np.dtype(d) for d in args.dtypes.split(",")]
     configs = []
     for item in args.formats.split(","):
@@ -296,9 +301,11 @@ def main(argv=None):
             for dtype in dtypes:
                 if dtype == np.float64 and not device.profile.fp64:
                     continue
-                rows += run_case(name, A.astype(dtype), device, dtype, configs, peers, states,
+                rows += run_case(name, A.astype(dtype), None if chooses else device, dtype,
+                                 configs, peers, states,
                                  args.rounds, args.vectors, env, log, direct=args.direct)
-    info = {"device": device.profile.name, "vectors": args.vectors,
+    info = {"device": "SpMV(A)'s choice" if chooses else device.profile.name,
+            "vectors": args.vectors,
             "pyspmv_cl": psc.__version__, "cpu_count": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(sys.argv)}

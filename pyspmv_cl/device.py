@@ -376,6 +376,15 @@ def _pocl_driver(dev):
     return next((d for d in ("basic", "pthread") if name.startswith(d + "-")), None)
 
 
+def runs_in_calling_thread(device) -> bool:
+    """Whether ``device`` runs commands in the thread that enqueues them: PoCL's
+    ``basic`` driver.  PoCL 3.1's deadlocks when two host threads enqueue to it at once
+    (each ends up waiting for a lock the other holds, inside clEnqueueNDRangeKernel and
+    the command it runs), so nothing may run beside the caller there (online tuning
+    measures in the caller's thread instead)."""
+    return _pocl_driver(device) == "basic"
+
+
 def _default_cpu(hits, work):
     """The first CPU device, except that where its PoCL platform exposes both drivers,
     ``basic`` for a product of up to ``BASIC_MAX_WORK`` non-zeros and ``pthread``

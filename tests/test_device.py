@@ -385,6 +385,55 @@ def test_default_cpu_device_by_size_with_both_pocl_drivers(tmp_path):
         result.stdout
 
 
+ONLINE_ON_BASIC = """
+import sys
+import threading
+import numpy as np
+import pyspmv_cl as psc
+from pyspmv_cl.bench import generators
+from pyspmv_cl.device import runs_in_calling_thread
+
+if not any(d.cl_device.name.startswith("basic-") for d in psc.devices()):
+    print("SKIP: no basic PoCL device")
+    sys.exit(0)
+rng = np.random.default_rng(int(sys.argv[1]))
+A = generators.random_uniform(40_000, nnz_per_row=3, seed=int(sys.argv[1]))
+op = psc.SpMV(A.astype(np.float32), tune="online")
+assert runs_in_calling_thread(op.device), op.device
+tuning = op.tuning.online
+assert tuning.inline
+tuning.trigger = 3
+for i in range(40):
+    x = rng.standard_normal(A.shape[1])
+    y = op @ x
+    assert np.allclose(y, A @ x, rtol=1e-4, atol=1e-4), (i, op.format)
+assert tuning.state == "done" and tuning._thread is None, (tuning.state, tuning.error)
+assert threading.active_count() == 1 or all(
+    t.name != "pyspmv_cl-online-tuning" for t in threading.enumerate())
+print(op.format)
+"""
+
+
+def test_online_tuning_on_pocls_basic_driver_stays_in_the_callers_thread(tmp_path):
+    """PoCL 3.1's basic driver deadlocked when the online measurement enqueued from its
+    thread while the caller's products ran (a hang in clEnqueueNDRangeKernel): there
+    the measurement runs in the caller's thread, and 40 products around it finish, each
+    checked against scipy (a fresh process: POCL_DEVICES is read when OpenCL starts)."""
+    script = tmp_path / "online_basic.py"
+    script.write_text(ONLINE_ON_BASIC)
+    env = dict(os.environ, POCL_DEVICES="pthread basic")
+    env.pop("PYSPMV_CL_DEVICE", None)
+    from pyspmv_cl.tuning import database
+    env[database.TUNING_DIR_ENV] = str(tmp_path / "tuning")   # empty: tunes online
+    env.pop("PYSPMV_CL_TUNE", None)
+    result = subprocess.run([sys.executable, str(script), str(np.random.SeedSequence().entropy
+                                                             % 2**32)],
+                            capture_output=True, text=True, timeout=300, env=env, cwd="/tmp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    if result.stdout.startswith("SKIP"):
+        pytest.skip(result.stdout.strip())
+
+
 def test_default_cpu_device_without_both_drivers_is_the_first_cpu():
     """Without both PoCL drivers on the first CPU's platform (this process: no
     POCL_DEVICES), a size changes nothing: the first CPU device, as before."""

@@ -300,3 +300,29 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
         now = psc.SpMV(A, device=device, **kwargs)
         assert now.format == "bccoo" and now.tuning.online is None, kwargs
         assert_close(now @ x, reference(A, x), A, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_measures_in_the_callers_thread_where_the_device_runs_commands_there(
+        device, rng, monkeypatch):
+    """On a device that runs commands in the enqueuing thread (PoCL's basic driver,
+    which deadlocks when two threads enqueue at once) no thread is started: the product
+    that reaches the trigger measures, and returns with the measurement done."""
+    from pyspmv_cl.tuning import tuner
+
+    monkeypatch.setattr(tuner, "runs_in_calling_thread", lambda device: True)
+    A = matrix(7)
+    op = psc.SpMV(A, device=device, tune="online")
+    tuning = op.tuning.online
+    assert tuning.inline and tuning.state == "waiting"
+    start_now(op)
+    before = threading.active_count()
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert tuning._thread is None and threading.active_count() == before
+    assert tuning.state == "done", tuning.error
+    for _ in range(2):   # the switch, if any, at the next product
+        x = rng.standard_normal(A.shape[1])
+        assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert op.finish_tuning() == "done"
+    assert op.format == tuning.decision.format

@@ -16,6 +16,12 @@ follows.  While a measurement runs, the interpreter's switch interval is lowered
 (``TUNING_SWITCH_INTERVAL``) so that the caller's thread gets the GIL back quickly
 after each queue wait; the caller's own value is restored afterwards.
 
+On a device that runs commands in the enqueuing thread (PoCL's ``basic`` driver:
+``device.runs_in_calling_thread``) two threads must not enqueue at once, so the
+measurement runs in the caller's thread instead, inside the product that reaches the
+trigger: that one product takes the measurement's time, which the products before it
+have paid for (on CPUs the trigger waits for that).
+
 Each format is deterministic; after a switch results may differ from the start
 format's in the last bits (another summation order), never in anything else.
 """
@@ -120,12 +126,13 @@ class OnlineTuning:
     ``time.time()`` stamps; ``switched_at_call`` the product before which the operator
     switched (None if it kept its start format)."""
 
-    def __init__(self, run_measurement, *, budget, trigger, start):
+    def __init__(self, run_measurement, *, budget, trigger, start, inline=False):
         # run_measurement(csr, should_stop, offer) -> Decision (impl=the winner, built,
         # None when it was handed over by offer), or raises
         self._run_measurement = run_measurement
         self.budget, self.trigger = float(budget), int(trigger)
         self.start = start            # (format, params) the operator starts on
+        self.inline = bool(inline)    # measure in the caller's thread (no thread)
         self.state = "waiting"
         self.calls = 0
         self.started = self.finished = None
@@ -155,6 +162,9 @@ class OnlineTuning:
             _running.add(self)
             self.state = "running"
             self.started = time.time()
+            if self.inline:   # nothing may enqueue beside the caller (see above)
+                self._measure([impl])
+                return
             self._thread = threading.Thread(target=self._run, args=([impl],),
                                             name="pyspmv_cl-online-tuning", daemon=True)
             self._thread.start()

@@ -41,6 +41,7 @@ import numpy as np
 import pyopencl as cl
 
 from .. import store
+from ..device import runs_in_calling_thread
 from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
@@ -699,7 +700,8 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
         return stored
 
     tuning = online.OnlineTuning(convert_winner, budget=conversion, trigger=trigger,
-                                 start=(start_format, start_params))
+                                 start=(start_format, start_params),
+                                 inline=runs_in_calling_thread(device))
     explanation = (f"{stored.explanation}; starting on {start_why} while "
                    f"{stored.format} converts in the background")
     return Decision(start_format, start_params, explanation, "database",
@@ -735,7 +737,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                entry["tuning_seconds"])
 
     tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
-                                 start=start)
+                                 start=start, inline=runs_in_calling_thread(device))
     when = "after the first product" if trigger == 1 else f"after {trigger} products"
     return Decision(start_format, start_params,
                     f"online{_for_k(block_size)}: starting on {start_why}; measuring "
