@@ -10,6 +10,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 import pytest
+import scipy.sparse as sp
 from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
@@ -326,3 +327,30 @@ def test_measures_in_the_callers_thread_where_the_device_runs_commands_there(
         assert_close(op @ x, reference(A, x), A, x, DTYPE)
     assert op.finish_tuning() == "done"
     assert op.format == tuning.decision.format
+
+
+SELL_LAYOUTS = [{}, {"mapping": "rows", "slice_height": 4, "threads_per_row": 2},
+                {"mapping": "slices", "slice_height": 8, "sigma": 64},
+                {"slice_height": 2, "sigma": 1}, {"col_bits": 16},
+                {"value_bits": 16}]
+
+
+@pytest.mark.parametrize("params", SELL_LAYOUTS, ids=str)
+def test_sell_snapshot_gives_back_the_csr(params, rng):
+    """CPUs start online tuning on sell, so the measurement's snapshot reads a sell
+    operator back as CSR: every slice height, sort window and mapping, compressed
+    columns, half values (as stored), empty rows, a row count no multiple of C."""
+    device = DEVICES[0]
+    m, n = 203, 150
+    A = sp.random(m, n, density=0.04, format="lil", random_state=int(rng.integers(1 << 30)),
+                  dtype=np.float64)
+    A[5, :] = 0
+    A[7, :] = rng.standard_normal(n)   # a full row
+    A = sp.csr_matrix(A)
+    op = psc.SpMV(A, "sell", device=device, dtype=DTYPE, **params)
+    indptr, indices, data = online.snapshot(op._impl, op.queue)[0]
+    want = A.astype(DTYPE)
+    stored = want.data.astype(np.float16) if params.get("value_bits") == 16 else want.data
+    assert np.array_equal(indptr, want.indptr)
+    assert np.array_equal(indices, want.indices)
+    assert np.array_equal(data, stored.astype(DTYPE))

@@ -314,14 +314,15 @@ def test_online_start_has_block_kernels_on_gpus(rng):
 
 def test_database_handover_for_k(rng):
     """A stored k = 16 decision whose winner converts on the host (ell) is found for
-    k = 12 (same class): the operator starts on csr-scalar (block kernels) and takes ell
-    once converted in the background; k = 1 and k = 17 do not see it."""
+    k = 12 (same class): the operator starts on the CPU start format (sell, with block
+    kernels) and takes ell once converted in the background; k = 1 and k = 17 do not
+    see it."""
     from pyspmv_cl.features import shape_fingerprint, structure_digest
 
     A = random_values(generators.poisson2d(30), rng)
     device = DEVICES[0]
     if device.profile.is_gpu:
-        pytest.skip("the CPU start format (csr-scalar) is asserted")
+        pytest.skip("the CPU start format (sell) is asserted")
     features = MatrixFeatures.from_csr(A, count_diagonals=False)
     fp = {**shape_fingerprint(features), "block_class": tuner.block_class(16),
           "structure_sha256": structure_digest(A)}
@@ -333,7 +334,7 @@ def test_database_handover_for_k(rng):
                          "block_size": 16})
     op = psc.SpMV(A, dtype=DTYPE, device=device, block_size=12)
     assert op.tuning.source == "database" and op.tuning.block_size == 12
-    assert op.format == "csr-scalar" and "converts in the background" in op.explanation
+    assert op.format == "sell" and "converts in the background" in op.explanation
     assert "product of 16 vectors" in op.explanation
     check_block(op, A, 12, rng)
     assert op.finish_tuning() == "done"

@@ -1,8 +1,9 @@
 """Online tuning: the default for a matrix the tuning database does not know.
 
-The operator starts at once on a CSR kernel that needs no conversion (``start_choice``:
-csr-vector on GPUs, its adaptive mapping where the rows allow, csr-scalar on CPUs), so
-setup costs little more than the upload.  Once the caller has run enough products for
+The operator starts at once on a kernel that costs little setup (``start_choice``:
+csr-vector on GPUs, its adaptive mapping where the rows allow, no conversion; on CPUs
+sell, whose host conversion takes a few ms up to a million non-zeros, else csr-scalar),
+so setup costs little more than the upload.  Once the caller has run enough products for
 tuning to pay (``trigger_calls``: at once on GPUs, where the candidates are converted on
 the host while the device runs the caller's products; on CPUs only after the products
 already run would have paid for the measurement, since it shares the cores), a
@@ -49,6 +50,13 @@ ONLINE_MIN_BUDGET = 0.5
 ONLINE_MAX_FORMATS = 4
 #: CPUs: start once the products run (estimated) add up to this share of the budget.
 CPU_TRIGGER_SHARE = 1.0
+#: CPUs start on sell up to this many non-zeros (csr-scalar above).  On PoCL (2-core
+#: development machine, basic driver, the shared matrices of 114k-243k non-zeros) its
+#: host conversion added 0.6-2.6 ms to csr-scalar's 1.1-2.2 ms of setup, and its
+#: products were 1.2-2.7x faster in 11 of 12 cases (szdMat float64: 9% slower), so it
+#: is ahead after a few tens of products; the CPU measurement starts only after
+#: thousands.  Not measured beyond; the conversion grows with the matrix.
+CPU_SELL_START_MAX_NNZ = 1_000_000
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
 
@@ -93,10 +101,12 @@ def online_budget(nnz: int) -> float:
 
 
 def start_choice(features, profile, dtype, block_size=1, user_params=None):
-    """(format, params, why): a CSR kernel that needs no conversion.  For products of
-    ``block_size`` > 1 vectors, csr-vector's first parameter set that has block
-    kernels with the caller's ``user_params`` (the row mapping when
-    ``block_mapping="items"`` leaves the adaptive one none)."""
+    """(format, params, why): on GPUs a CSR kernel that needs no conversion.  For
+    products of ``block_size`` > 1 vectors, csr-vector's first parameter set that has
+    block kernels with the caller's ``user_params`` (the row mapping when
+    ``block_mapping="items"`` leaves the adaptive one none).  On CPUs sell, up to
+    ``CPU_SELL_START_MAX_NNZ`` non-zeros and without parameters of the caller's (which
+    may be csr-scalar's), else csr-scalar."""
     if profile.is_gpu:
         cls = FORMATS["csr-vector"]
         candidates = cls.tuning_candidates(features, profile, dtype)
@@ -106,6 +116,8 @@ def start_choice(features, profile, dtype, block_size=1, user_params=None):
         params = candidates[0] if candidates else {}
         how = "adaptive row blocks" if params.get("mapping") == "adaptive" else "rows"
         return "csr-vector", dict(params), f"csr-vector ({how}): no conversion"
+    if features.nnz <= CPU_SELL_START_MAX_NNZ and not user_params:
+        return "sell", {}, "sell: a host conversion of a few ms"
     return "csr-scalar", {}, "csr-scalar: no conversion"
 
 
@@ -263,7 +275,10 @@ def snapshot(impl, queue, wait_for=None):
     """The CSR arrays of a CSR-format operator, read from the device (what it computes
     with, updates included) without blocking: ``(arrays, events)``, the host arrays
     filled once the events complete.  The caller's later changes to its scipy matrix
-    cannot leak into the tuning."""
+    cannot leak into the tuning.  A sell operator (the CPU start) is read back and
+    turned into CSR at once (``sell_csr``; no events)."""
+    if impl.name == "sell":
+        return sell_csr(impl, queue, wait_for), []
     nnz = impl.value_array_sizes["values"]
     arrays, events = [], []
     for name, dtype, size in (("row_ptr", impl.index_dtype, impl.shape[0] + 1),
@@ -275,3 +290,38 @@ def snapshot(impl, queue, wait_for=None):
                                           wait_for=wait_for, is_blocking=False))
         arrays.append(host)
     return arrays, events
+
+
+def sell_csr(impl, queue, wait_for=None):
+    """``[indptr, indices, data]`` of a sell operator, from its device arrays (blocking
+    reads): each slot's row from its slice and lane (slot = slice start + k*C + lane,
+    position slice*C + lane, row perm[position] where sorted), padding dropped, a
+    stable sort by row keeping each row's entries in order."""
+    def read(name, dtype, size):
+        host = np.empty(size, dtype)
+        if size:
+            cl.enqueue_copy(queue, host, impl.buffers[name], wait_for=wait_for)
+        return host
+
+    index, m, C = impl.index_dtype, impl.shape[0], impl.params["slice_height"]
+    slice_ptr = read("slice_ptr", index, impl.n_slices + 1).astype(np.int64)
+    n_slots = int(slice_ptr[-1]) if slice_ptr.size else 0
+    slice_of = np.repeat(np.arange(impl.n_slices, dtype=np.int64), np.diff(slice_ptr))
+    lane = np.arange(n_slots, dtype=np.int64) - slice_ptr[slice_of]
+    lane %= C
+    if impl.params["col_bits"] == 16:
+        offsets = read("col_off", np.uint16, n_slots)
+        base = read("col_base", index, max(1, impl.n_slices)).astype(np.int64)
+        cols = np.where(offsets == 0xFFFF, -1, base[slice_of] + offsets)
+    else:
+        cols = read("col_idx", index, n_slots).astype(np.int64)
+    values = read("values", impl.value_dtype, n_slots)
+    keep = cols >= 0
+    rows = slice_of[keep] * C + lane[keep]
+    if impl._has_perm:
+        rows = read("perm", index, m).astype(np.int64)[rows]
+    order = np.argsort(rows, kind="stable")
+    indptr = np.zeros(m + 1, dtype=index)
+    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+    return [indptr, cols[keep][order].astype(index),
+            values[keep][order].astype(impl.dtype)]
