@@ -218,6 +218,7 @@ class ELL(LanesBlocks, SpMVFormat):
     # -- block kernels: ell_block.mako (CPUs), the lanes kernel (GPUs) ------------------
     lanes_template = "ell_lanes_block.mako"
     lanes_kernel = "ell_lanes_block"
+    lanes_slotted = True
 
     @property
     def _lanes(self) -> bool:

@@ -1,6 +1,6 @@
 """The "lanes" block kernels, one design for the formats that have them: k / c
 consecutive work-items share a row, each computing c of the block's vectors
-(``lane_columns``: 1 up to k = 8, 2 from k = 16), so that every entry of the row is
+(``lane_columns``, by width and format), so that every entry of the row is
 read once (a broadcast to the row's lanes) and the k entries of X's row it multiplies
 are read side by side (coalesced on GPUs).  The sums
 are ``real_t``: complex values work.
@@ -17,18 +17,25 @@ LANES_WIDTHS = (1, 2, 4, 8, 16, 32)
 LANES_GROUP = 128
 
 
-def lane_columns(kb: int) -> int:
-    """Columns of the block each work-item computes: two from k = 16, so that a
-    32-wide warp holds two rows at k = 32 and keeps more reads of X's rows in flight
-    (the product waits on them, not on the matrix); one below.  On an H100 (cage10
-    x133, wing x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros; csr-scalar,
-    csr-vector and sell), against one column per work-item, two ran k = 32 0-52%
-    faster and k = 16 10-41% (Groebner not measured).  At k = 8 two columns (8 rows
-    a warp) gained 0-26% on the regular matrices but lost 3% on astro-ph and 26% on
-    Groebner (a warp waits for its longest row).  Four columns at k = 32 were 4-6%
-    faster than two on the regular float64 matrices but 14-15% slower on the
-    irregular ones, and slower in float32 on 2 of 3 matrices; eight were slower
-    everywhere."""
+def lane_columns(kb: int, slotted: bool = False) -> int:
+    """Columns of the block each work-item computes.  Several columns per work-item put
+    several rows in a 32-wide warp, so more reads of X's rows are in flight (the
+    product waits on them, not on the matrix).
+
+    - CSR (``slotted`` False): one up to k = 8, two from k = 16.  On an H100 (cage10
+      x133, wing x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros), against
+      one column, two ran k = 32 0-52% faster and k = 16 10-41%; at k = 8 two lost 26%
+      on Groebner (8 rows a warp wait for the longest).  Four at k = 32 were 4-6%
+      faster on the regular float64 matrices, 14-19% slower on others.
+    - ell and sell (``slotted``: a row's entries lie a stride apart, so neighbouring
+      rows' entries are neighbours and more rows a warp coalesce the matrix's reads):
+      two at k <= 8, four from k = 16.  sell on the same H100 (cage10, wing, astro-ph,
+      float32 and float64): two against one at k = 8 16-56% faster; four against two
+      at k = 32 3-32% faster, at k = 16 0-20% on cage10 and wing (astro-ph 13%
+      slower).  ell's k = 8 with one column took 545-639 us, against 312-423 with two.
+    """
+    if slotted:
+        return min(kb, 2 if kb <= 8 else 4)
     return 2 if kb >= 16 else 1
 
 
@@ -37,6 +44,8 @@ class LanesBlocks:
 
     lanes_template: str = None
     lanes_kernel: str = None
+    #: Whether a row's entries lie a stride apart (ell, sell): ``lane_columns``'s rule.
+    lanes_slotted: bool = False
 
     @property
     def _lanes(self) -> bool:
@@ -54,7 +63,9 @@ class LanesBlocks:
 
     def block_template_params(self, kb):
         params = super().block_template_params(kb)
-        return {**params, "lane_columns": lane_columns(kb)} if self._lanes else params
+        if not self._lanes:
+            return params
+        return {**params, "lane_columns": lane_columns(kb, self.lanes_slotted)}
 
     def _lanes_group(self) -> int:
         return min(LANES_GROUP, pow2_floor(self.profile.max_work_group_size))
@@ -85,7 +96,7 @@ class LanesBlocks:
     def block_launches(self, kb, work_group_size, beta):
         if self._lanes:
             group = self._lanes_group()
-            items = kb // lane_columns(kb)   # work-items per row
+            items = kb // lane_columns(kb, self.lanes_slotted)   # work-items per row
             groups = max(1, -(-self.shape[0] * items // group))
             return [self.step(self.lanes_kernel, groups * group, group,
                               **self.lanes_values())]

@@ -485,6 +485,7 @@ class SELL(LanesBlocks, SpMVFormat):
     # -- block kernels: sell_block.mako (CPUs), lanes (GPUs) -------------------------------
     lanes_template = "sell_lanes_block.mako"
     lanes_kernel = "sell_lanes_block"
+    lanes_slotted = True
 
     @property
     def _lanes(self) -> bool:
