@@ -398,9 +398,12 @@ def main(argv=None):
                         # Block kernels with each format's defaults (both dtypes in the
                         # full pass, float32 in the quick one): their compiles dominate
                         # Oclgrind's time.
+                        # ell's and sell's lanes block kernels run on GPU profiles only.
+                        gpu_lanes = (label == "gpu32" and name in ("ell", "sell")
+                                     and i == 0)
                         summary["products"] += products(
                             op, A, dtype, rng, full=i < 2,
-                            blocks=(label == "default" or reduced) and (
+                            blocks=(label == "default" or reduced or gpu_lanes) and (
                                 not args.quick or dtype == np.float32))
                         if (label == "default" and name in LANES_FORMATS
                                 and (not args.quick or dtype == np.float32)):
