@@ -304,6 +304,32 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_a_stored_winner_of_the_start_format_is_built_at_once(device, rng):
+    """A database hit whose winner is the online start's own format (sell on CPUs, with
+    other parameters) is built before SpMV returns, with the stored parameters: it
+    converts as fast as the start would, so there is nothing to hand over."""
+    from pyspmv_cl.features import shape_fingerprint, structure_digest
+
+    A = matrix(3)
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    start = online.start_choice(features, device.profile, DTYPE)[0]
+    params = ({"slice_height": 4, "sigma": 64} if start == "sell"
+              else {"work_group_size": 64})
+    fp = {**shape_fingerprint(features), "structure_sha256": structure_digest(A)}
+    key = database.entry_key(device.profile, fp, np.dtype(DTYPE).name)
+    database.store(key, {"candidates": [
+        {"format": start, "params": params, "kernel_seconds": 1e-6,
+         "conversion_seconds": 0.01, "confirmed": True}], "skipped": [],
+        "tuning_seconds": 0.1, "created": "2026-11-25 00:00:00 UTC", "fingerprint": fp})
+    op = psc.SpMV(A, device=device)
+    assert op.tuning.source == "database" and op.tuning.online is None
+    assert op.format == start
+    assert all(op.params[k] == v for k, v in params.items()), op.params
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_measures_in_the_callers_thread_where_the_device_runs_commands_there(
         device, rng, monkeypatch):
     """On a device that runs commands in the enqueuing thread (PoCL's basic driver,

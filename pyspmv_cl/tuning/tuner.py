@@ -681,13 +681,15 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
 def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
                        block_size=1):
     """A stored winner that converts on the host (ell, csr5, bccoo, ...): start on the
-    CSR kernel at once and convert the winner in the background (online.py's
+    online start format at once and convert the winner in the background (online.py's
     machinery, without measuring), so that a known matrix sets up as fast as a new one.
-    ``expected_calls=`` or ``tune=True`` convert it before the first product instead."""
+    A winner of the start's own format (sell on CPUs) is built at once: it converts as
+    fast as the start would.  ``expected_calls=`` or ``tune=True`` convert it before
+    the first product instead."""
     profile = device.profile
     start_format, start_params, start_why = online.start_choice(
         features, profile, dtype, block_size, user_params)
-    if (start_format, start_params) == (stored.format, stored.params):
+    if start_format == stored.format:   # converts as fast as the start would
         return stored
     conversion = float(chosen.get("conversion_seconds") or 0.0)
     trigger = online.trigger_calls(features, profile, dtype, conversion)
