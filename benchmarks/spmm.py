@@ -19,25 +19,21 @@ Prints one table row per (matrix, format, k) in milliseconds, and the JSON with
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench.generators import from_spec
+from pyspmv_cl.bench.runner import wall_times
 
 KS = (1, 4, 16, 64)
 
 
 def median_ms(fn, repeats):
-    fn()   # warm: builds the block widths, grows staging buffers
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    """Median wall milliseconds of ``repeats`` calls after one warm-up (which builds
+    the block widths and grows the staging buffers)."""
+    return statistics.median(wall_times(fn, repeats)) * 1e3
 
 
 def bench_k(op, A, k, dtype, repeats, rng):

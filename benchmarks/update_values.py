@@ -35,18 +35,15 @@ import pyopencl.array as cla
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.runner import wall_times
 
 #: The shared matrices beside the checkout (PYSPMV_CL_MATRIX_DIR overrides).
 MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
 
 
 def median_s(fn, repeats):
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    """Median wall seconds of ``repeats`` calls of ``fn`` (after one warm-up)."""
+    return statistics.median(wall_times(fn, repeats))
 
 
 def bench(A, dtype, fmt, device, repeats, rng):
