@@ -58,6 +58,7 @@ def _entry_path(root, key):
 
 
 _derived = []   # memos of programs kept above this module (formats/builder.py)
+_generation = 0   # bumped by clear_memory: stores keyed on it (Device.thread_store) reset
 
 
 def register_memory(memo):
@@ -67,10 +68,18 @@ def register_memory(memo):
 
 def clear_memory():
     """Forget every in-memory program (tests use this to reach the disk layer)."""
+    global _generation
     with _lock:
         _memory.clear()
         for memo in _derived:
             memo.clear()
+        _generation += 1
+
+
+def memory_generation() -> int:
+    """How many times ``clear_memory`` ran: a store of kernels built from the memoised
+    programs empties itself when this changes."""
+    return _generation
 
 
 def _load_entry(path, key):

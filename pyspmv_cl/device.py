@@ -11,12 +11,13 @@ queue of the device it came from.
 import dataclasses
 import os
 import re
+import threading
 import warnings
 
 import numpy as np
 import pyopencl as cl
 
-from .cache import get_program
+from .cache import get_program, memory_generation
 from .errors import DeviceNotFoundError, InvalidInputError
 from .host_buffers import COPY, in_place_mode
 
@@ -207,6 +208,7 @@ class Device:
         self._profile = profile
         self._base = _base  # the device an override came from: shares its context
         self._host_arrays = None
+        self._threads = threading.local()   # thread_store's dicts
 
     # -- identity -----------------------------------------------------------------
     @property
@@ -242,6 +244,19 @@ class Device:
                 self.context, self.cl_device,
                 properties=cl.command_queue_properties.PROFILING_ENABLE)
         return self._queue
+
+    def thread_store(self) -> dict:
+        """A dict of this device's for the calling thread, for kernel objects that a
+        thread sets the arguments of and launches at once (csr5's conversion kernels):
+        making them anew costs more than a conversion's kernels on a GPU, and two
+        threads must not share one.  It goes with its thread or with the device (an
+        override shares its base's), and ``cache.clear_memory`` empties it, as it
+        forgets the programs."""
+        local = (self._base if self._base is not None else self)._threads
+        generation = memory_generation()
+        if getattr(local, "generation", None) != generation:
+            local.store, local.generation = {}, generation
+        return local.store
 
     @property
     def profiling_queue(self):

@@ -447,3 +447,24 @@ def test_default_cpu_device_without_both_drivers_is_the_first_cpu():
         pytest.skip("this process sees both PoCL drivers")
     for work in (None, 1, 10**9):
         assert psc.get_device(work=work) is cpus[0]
+
+
+def test_thread_store_is_per_thread_shared_by_overrides_and_cleared_with_the_programs(
+        device):
+    """Device.thread_store (csr5's conversion kernels live there): one dict per thread,
+    the same for an override of the device, emptied by cache.clear_memory."""
+    import threading
+
+    from pyspmv_cl import cache
+
+    store = device.thread_store()
+    store["probe"] = 1
+    assert device.thread_store() is store
+    assert device.override(simd_width=64).thread_store() is store
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(device.thread_store()))
+    worker.start()
+    worker.join()
+    assert seen[0] is not store and "probe" not in seen[0]
+    cache.clear_memory()
+    assert "probe" not in device.thread_store()

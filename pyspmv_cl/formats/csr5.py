@@ -28,14 +28,12 @@ adds one value per group rather than one per tile (a serial chain of thousands o
 otherwise).
 """
 
-import threading
 import typing
 
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from .. import cache
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
 from ..device_inputs import DeviceCSR
 from ..errors import DeviceCapabilityError, InvalidParameterError
@@ -262,12 +260,6 @@ def _transpose_tiles(a, p_full, omega, sigma, dtype):
     return out
 
 
-# Conversion kernels per (context, device, specialisation, thread): see
-# CSR5._conversion_program.
-_CONVERSION_KERNELS: dict = {}
-cache.register_memory(_CONVERSION_KERNELS)
-
-
 def _pick(d, *names):
     return {name: d[name] for name in names}
 
@@ -397,22 +389,20 @@ class CSR5(SpMVFormat):
     def _conversion_program(self):
         """The conversion kernels of templates/csr5_convert.mako: ``(specs by name,
         kernels by name, scan group size, tiles per group of csr5_tiles_convert)``.
-        Built once per specialisation, and the kernel objects kept per thread: they are
-        only used inside a conversion (arguments set, then launched at once), and making
-        them anew (pyopencl's per-kernel set-up) cost more than a large matrix's
-        conversion kernels on a GPU."""
+        Built once per specialisation, and the kernel objects kept in the device's
+        store for this thread (``Device.thread_store``): they are only used inside a
+        conversion (arguments set, then launched at once), and making them anew
+        (pyopencl's per-kernel set-up) cost more than a large matrix's conversion
+        kernels on a GPU."""
         omega, sigma = self.params["omega"], self.params["sigma"]
         budget = min(CONVERT_LOCAL_BYTES, self.profile.local_mem_size // 2)
-        device = self.device
-        key = (device.context.int_ptr, device.cl_device.int_ptr, device.profile,
-               self.dtype.str, self.index_dtype.str, omega, sigma, budget,
-               threading.get_ident())
-        hit = _CONVERSION_KERNELS.get(key)
+        key = ("csr5-convert", self.profile, self.dtype.str, self.index_dtype.str,
+               omega, sigma, budget)
+        store = self.device.thread_store()
+        hit = store.get(key)
         if hit is None:
-            hit = self._build_conversion_program(budget)
-            # The context kept with them, so that its int_ptr is not reused.
-            _CONVERSION_KERNELS[key] = (*hit, device.context)
-        return hit[:4]
+            hit = store[key] = self._build_conversion_program(budget)
+        return hit
 
     def _build_conversion_program(self, budget):
         omega, sigma = self.params["omega"], self.params["sigma"]
