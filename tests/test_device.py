@@ -366,23 +366,34 @@ print(" ".join(picked))
 """
 
 
+def run_with_both_drivers(source, tmp_path, env_changes=None) -> str:
+    """Run ``source`` (given a random seed) in a fresh process with
+    POCL_DEVICES="pthread basic", which PoCL reads when OpenCL starts; its stdout.
+    Skips when it prints SKIP (no basic device); ``env_changes``: None unsets."""
+    script = tmp_path / "both_drivers.py"
+    script.write_text(source)
+    env = dict(os.environ, POCL_DEVICES="pthread basic")
+    for name, value in {"PYSPMV_CL_DEVICE": None, **(env_changes or {})}.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    seed = str(np.random.SeedSequence().entropy % 2**32)
+    result = subprocess.run([sys.executable, str(script), seed], capture_output=True,
+                            text=True, timeout=300, env=env, cwd="/tmp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    if result.stdout.startswith("SKIP"):
+        pytest.skip(result.stdout.strip())
+    return result.stdout
+
+
 def test_default_cpu_device_by_size_with_both_pocl_drivers(tmp_path):
     """With POCL_DEVICES="pthread basic" (read when OpenCL starts: a fresh process), a
     default SpMV(A) takes PoCL's basic driver for a product up to BASIC_MAX_WORK
     non-zeros and pthread above it; get_device() without a size keeps pthread.  Both
     products are checked against scipy."""
-    script = tmp_path / "both_drivers.py"
-    script.write_text(BOTH_DRIVERS)
-    env = dict(os.environ, POCL_DEVICES="pthread basic")
-    env.pop("PYSPMV_CL_DEVICE", None)
-    result = subprocess.run([sys.executable, str(script), str(np.random.SeedSequence().entropy
-                                                             % 2**32)],
-                            capture_output=True, text=True, timeout=300, env=env, cwd="/tmp")
-    assert result.returncode == 0, result.stderr[-3000:]
-    if result.stdout.startswith("SKIP"):
-        pytest.skip(result.stdout.strip())
-    assert result.stdout.split() == ["basic", "pthread", "basic", "pthread", "pthread"], \
-        result.stdout
+    out = run_with_both_drivers(BOTH_DRIVERS, tmp_path)
+    assert out.split() == ["basic", "pthread", "basic", "pthread", "pthread"], out
 
 
 ONLINE_ON_BASIC = """
@@ -419,19 +430,10 @@ def test_online_tuning_on_pocls_basic_driver_stays_in_the_callers_thread(tmp_pat
     thread while the caller's products ran (a hang in clEnqueueNDRangeKernel): there
     the measurement runs in the caller's thread, and 40 products around it finish, each
     checked against scipy (a fresh process: POCL_DEVICES is read when OpenCL starts)."""
-    script = tmp_path / "online_basic.py"
-    script.write_text(ONLINE_ON_BASIC)
-    env = dict(os.environ, POCL_DEVICES="pthread basic")
-    env.pop("PYSPMV_CL_DEVICE", None)
     from pyspmv_cl.tuning import database
-    env[database.TUNING_DIR_ENV] = str(tmp_path / "tuning")   # empty: tunes online
-    env.pop("PYSPMV_CL_TUNE", None)
-    result = subprocess.run([sys.executable, str(script), str(np.random.SeedSequence().entropy
-                                                             % 2**32)],
-                            capture_output=True, text=True, timeout=300, env=env, cwd="/tmp")
-    assert result.returncode == 0, result.stderr[-3000:]
-    if result.stdout.startswith("SKIP"):
-        pytest.skip(result.stdout.strip())
+    run_with_both_drivers(ONLINE_ON_BASIC, tmp_path, {
+        database.TUNING_DIR_ENV: str(tmp_path / "tuning"),   # empty: tunes online
+        "PYSPMV_CL_TUNE": None})
 
 
 def test_default_cpu_device_without_both_drivers_is_the_first_cpu():
