@@ -364,7 +364,7 @@ SELL_LAYOUTS = [{}, {"mapping": "rows", "slice_height": 4, "threads_per_row": 2}
 @pytest.mark.parametrize("params", SELL_LAYOUTS, ids=str)
 def test_sell_snapshot_gives_back_the_csr(params, rng):
     """CPUs start online tuning on sell, so the measurement's snapshot reads a sell
-    operator back as CSR: every slice height, sort window and mapping, compressed
+    operator back as CSR (``read_csr``): every slice height, sort window and mapping, compressed
     columns, half values (as stored), empty rows, a row count no multiple of C."""
     device = DEVICES[0]
     m, n = 203, 150
@@ -374,7 +374,7 @@ def test_sell_snapshot_gives_back_the_csr(params, rng):
     A[7, :] = rng.standard_normal(n)   # a full row
     A = sp.csr_matrix(A)
     op = psc.SpMV(A, "sell", device=device, dtype=DTYPE, **params)
-    indptr, indices, data = online.snapshot(op._impl, op.queue)[0]
+    indptr, indices, data = op._impl.read_csr(op.queue)[0]
     want = A.astype(DTYPE)
     stored = want.data.astype(np.float16) if params.get("value_bits") == 16 else want.data
     assert np.array_equal(indptr, want.indptr)

@@ -616,6 +616,14 @@ class SpMVFormat:
             queue.finish()
         return event
 
+    def read_csr(self, queue, wait_for=None):
+        """``([indptr, indices, data], events)``: the matrix as CSR host arrays read
+        from this operator's device arrays (what it computes with, value updates
+        included; the caller's later changes to its scipy matrix cannot leak in), the
+        arrays filled once ``events`` complete (none: already).  Online tuning's
+        snapshot; the formats it starts on have it (the CSR formats, sell)."""
+        raise NotImplementedError(f"{self.name}: no read-back as CSR")
+
     def bound_launches(self, x_buf, y_buf, alpha, beta) -> list[Launch]:
         """The launches of one product with every argument bound (``alpha`` and ``beta``
         in this operator's real type)."""

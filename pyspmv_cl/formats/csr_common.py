@@ -1,6 +1,9 @@
 """The CSR arrays and kernel arguments shared by the CSR kernels (row_ptr, col_idx,
 values)."""
 
+import numpy as np
+import pyopencl as cl
+
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from . import params as P
 from .base import SpMVFormat
@@ -59,6 +62,20 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
             "col_idx": csr.indices.astype(self.index_dtype, copy=False),
             "values": self.stored_values(csr.data),
         }
+
+    def read_csr(self, queue, wait_for=None):
+        """The CSR arrays themselves, read without blocking."""
+        nnz = self.value_array_sizes["values"]
+        arrays, events = [], []
+        for name, dtype, size in (("row_ptr", self.index_dtype, self.shape[0] + 1),
+                                  ("col_idx", self.index_dtype, nnz),
+                                  ("values", self.dtype, nnz)):
+            host = np.empty(size, dtype)
+            if size:
+                events.append(cl.enqueue_copy(queue, host, self.buffers[name],
+                                              wait_for=wait_for, is_blocking=False))
+            arrays.append(host)
+        return arrays, events
 
     def convert_device(self, csr):
         queue = self.device.queue

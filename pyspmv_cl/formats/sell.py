@@ -31,6 +31,7 @@ Two work mappings, both rendered into the kernel:
 """
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
@@ -419,6 +420,40 @@ class SELL(LanesBlocks, SpMVFormat):
             f"sell: col_bits=16 needs every slice's columns within {PAD_OFFSET - 1} of its "
             "smallest one, and a slice of this matrix spans more: use col_bits=32 (the "
             "default), or a smaller slice_height or sigma")
+
+    def read_csr(self, queue, wait_for=None):
+        """Blocking reads of the slices, each slot's row from its slice and lane (slot =
+        slice start + k*C + lane, position slice*C + lane, row perm[position] where
+        sorted), padding dropped, a stable sort by row keeping each row's entries in
+        order (``_row_base``'s map, inverted)."""
+        def read(name, dtype, size):
+            host = np.empty(size, dtype)
+            if size:
+                cl.enqueue_copy(queue, host, self.buffers[name], wait_for=wait_for)
+            return host
+
+        index, m, C = self.index_dtype, self.shape[0], self.params["slice_height"]
+        slice_ptr = read("slice_ptr", index, self.n_slices + 1).astype(np.int64)
+        n_slots = int(slice_ptr[-1])
+        slice_of = np.repeat(np.arange(self.n_slices, dtype=np.int64), np.diff(slice_ptr))
+        lane = np.arange(n_slots, dtype=np.int64) - slice_ptr[slice_of]
+        lane %= C
+        if self.params["col_bits"] == 16:
+            offsets = read("col_off", np.uint16, n_slots)
+            base = read("col_base", index, max(1, self.n_slices)).astype(np.int64)
+            cols = np.where(offsets == PAD_OFFSET, -1, base[slice_of] + offsets)
+        else:
+            cols = read("col_idx", index, n_slots).astype(np.int64)
+        values = read("values", self.value_dtype, n_slots)
+        keep = cols >= 0
+        rows = slice_of[keep] * C + lane[keep]
+        if self._has_perm:
+            rows = read("perm", index, m).astype(np.int64)[rows]
+        order = np.argsort(rows, kind="stable")
+        indptr = np.zeros(m + 1, dtype=index)
+        np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
+        return [indptr, cols[keep][order].astype(index),
+                values[keep][order].astype(self.dtype)], []
 
     def convert_device(self, csr):
         """The same arrays made on the device from a CSR there: the sort and the slice

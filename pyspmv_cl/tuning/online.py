@@ -231,7 +231,7 @@ class OnlineTuning:
         try:
             impl = holder.pop()   # the only reference here: dropped after the read-back
             queue = cl.CommandQueue(impl.device.context, impl.device.cl_device)
-            arrays, events = snapshot(impl, queue)
+            arrays, events = impl.read_csr(queue)
             shape = impl.shape
             del impl   # the operator may switch away and free it
             if events:
@@ -269,59 +269,3 @@ def _stop_running() -> None:
         tuning.cancel()
     for tuning in list(_running):
         tuning.wait(30)
-
-
-def snapshot(impl, queue, wait_for=None):
-    """The CSR arrays of a CSR-format operator, read from the device (what it computes
-    with, updates included) without blocking: ``(arrays, events)``, the host arrays
-    filled once the events complete.  The caller's later changes to its scipy matrix
-    cannot leak into the tuning.  A sell operator (the CPU start) is read back and
-    turned into CSR at once (``sell_csr``; no events)."""
-    if impl.name == "sell":
-        return sell_csr(impl, queue, wait_for), []
-    nnz = impl.value_array_sizes["values"]
-    arrays, events = [], []
-    for name, dtype, size in (("row_ptr", impl.index_dtype, impl.shape[0] + 1),
-                              ("col_idx", impl.index_dtype, nnz),
-                              ("values", impl.dtype, nnz)):
-        host = np.empty(size, dtype)
-        if size:
-            events.append(cl.enqueue_copy(queue, host, impl.buffers[name],
-                                          wait_for=wait_for, is_blocking=False))
-        arrays.append(host)
-    return arrays, events
-
-
-def sell_csr(impl, queue, wait_for=None):
-    """``[indptr, indices, data]`` of a sell operator, from its device arrays (blocking
-    reads): each slot's row from its slice and lane (slot = slice start + k*C + lane,
-    position slice*C + lane, row perm[position] where sorted), padding dropped, a
-    stable sort by row keeping each row's entries in order."""
-    def read(name, dtype, size):
-        host = np.empty(size, dtype)
-        if size:
-            cl.enqueue_copy(queue, host, impl.buffers[name], wait_for=wait_for)
-        return host
-
-    index, m, C = impl.index_dtype, impl.shape[0], impl.params["slice_height"]
-    slice_ptr = read("slice_ptr", index, impl.n_slices + 1).astype(np.int64)
-    n_slots = int(slice_ptr[-1]) if slice_ptr.size else 0
-    slice_of = np.repeat(np.arange(impl.n_slices, dtype=np.int64), np.diff(slice_ptr))
-    lane = np.arange(n_slots, dtype=np.int64) - slice_ptr[slice_of]
-    lane %= C
-    if impl.params["col_bits"] == 16:
-        offsets = read("col_off", np.uint16, n_slots)
-        base = read("col_base", index, max(1, impl.n_slices)).astype(np.int64)
-        cols = np.where(offsets == 0xFFFF, -1, base[slice_of] + offsets)
-    else:
-        cols = read("col_idx", index, n_slots).astype(np.int64)
-    values = read("values", impl.value_dtype, n_slots)
-    keep = cols >= 0
-    rows = slice_of[keep] * C + lane[keep]
-    if impl._has_perm:
-        rows = read("perm", index, m).astype(np.int64)[rows]
-    order = np.argsort(rows, kind="stable")
-    indptr = np.zeros(m + 1, dtype=index)
-    np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    return [indptr, cols[keep][order].astype(index),
-            values[keep][order].astype(impl.dtype)]
