@@ -1,9 +1,8 @@
 """The "lanes" block kernels, one design for the formats that have them: k / c
 consecutive work-items share a row, each computing c of the block's vectors
-(``lane_columns``, by width and format), so that every entry of the row is
-read once (a broadcast to the row's lanes) and the k entries of X's row it multiplies
-are read side by side (coalesced on GPUs).  The sums
-are ``real_t``: complex values work.
+(``lane_columns``, by width and format), so that every entry of the row is read once (a
+broadcast to the row's lanes) and the k entries of X's row it multiplies are read side
+by side (coalesced on GPUs).  The sums are ``real_t``: complex values work.
 
 A format mixes ``LanesBlocks`` in, may say when the lanes kernel is used (``_lanes``), names
 its template (``lanes_template``, kernel ``lanes_kernel``) and its matrix arguments
@@ -61,11 +60,16 @@ class LanesBlocks:
         """Scalar arguments of the lanes kernel besides the driver's (e.g. n_rows)."""
         return {"n_rows": self.shape[0]}
 
+    def _lane_columns(self, kb) -> int:
+        """Columns per work-item of this format's width-``kb`` lanes kernel: what its
+        template is rendered with and its launch is sized by."""
+        return lane_columns(kb, self.lanes_slotted)
+
     def block_template_params(self, kb):
         params = super().block_template_params(kb)
         if not self._lanes:
             return params
-        return {**params, "lane_columns": lane_columns(kb, self.lanes_slotted)}
+        return {**params, "lane_columns": self._lane_columns(kb)}
 
     def _lanes_group(self) -> int:
         return min(LANES_GROUP, pow2_floor(self.profile.max_work_group_size))
@@ -96,7 +100,7 @@ class LanesBlocks:
     def block_launches(self, kb, work_group_size, beta):
         if self._lanes:
             group = self._lanes_group()
-            items = kb // lane_columns(kb, self.lanes_slotted)   # work-items per row
+            items = kb // self._lane_columns(kb)   # work-items per row
             groups = max(1, -(-self.shape[0] * items // group))
             return [self.step(self.lanes_kernel, groups * group, group,
                               **self.lanes_values())]
