@@ -413,6 +413,13 @@ def main(argv=None):
                                            block_mapping=other, **params)
                             KEEP.append(op2)
                             summary["products"] += block_products(op2, A, dtype, rng)
+                            if other == "lanes" and name == "csr-scalar":
+                                # A fixed lane_columns: 8 columns a work-item at k = 32.
+                                op3 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
+                                               block_mapping="lanes", lane_columns=8,
+                                               **params)
+                                KEEP.append(op3)
+                                summary["products"] += block_products(op3, A, dtype, rng)
                     except Exception:
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))

@@ -77,6 +77,9 @@ def test_block_kernels_against_scipy(device, variant):
     A = random_matrix(rng, 203, 157)
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels
+    if "lane_columns" in params:
+        assert [op._impl._lane_columns(kb) for kb in (1, 2, 32)] == \
+            [1, min(2, params["lane_columns"]), params["lane_columns"]]
     for k in KS:
         X = rng.standard_normal((157, k))
         check(op @ X, A, X, dtype)
@@ -164,6 +167,14 @@ LANES_CASES = [
      "sell_lanes_block", np.float64),
     ("sell", {"mapping": "slices", "slice_height": 8, "sigma": 64}, "sell_lanes_block",
      np.complex128),
+    # A fixed lane_columns (clipped to narrower blocks) instead of lane_columns's rule.
+    ("csr-scalar", {"block_mapping": "lanes", "lane_columns": 8}, "csr_lanes_block",
+     np.float32),
+    ("csr-vector", {"block_mapping": "lanes", "lane_columns": 4}, "csr_lanes_block",
+     np.complex128),
+    ("ell", {"max_padding": float("inf"), "lane_columns": 1}, "ell_lanes_block",
+     np.float32),
+    ("sell", {"lane_columns": 8}, "sell_lanes_block", np.float64),
 ]
 
 
@@ -191,6 +202,9 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
         device = device.override(device_type="gpu")
     op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
     assert op.has_block_kernels
+    if "lane_columns" in params:
+        assert [op._impl._lane_columns(kb) for kb in (1, 2, 32)] == \
+            [1, min(2, params["lane_columns"]), params["lane_columns"]]
 
     def block(k, rows=n):
         X = rng.standard_normal((rows, k))
@@ -467,7 +481,9 @@ def test_complex_block_local_memory(device):
     rng = np.random.default_rng()
     A = crandom_matrix(rng, 50, 40, density=0.15)
     small = device.override(local_mem_size=2048)
-    params = {"mapping": "rows", "vector_size": 4, "work_group_size": 32}
+    # The items kernels (the CPU default; a GPU's lanes kernels use no local memory).
+    params = {"mapping": "rows", "vector_size": 4, "work_group_size": 32,
+              "block_mapping": "items"}
     op = psc.SpMV(A, "csr-vector", dtype=dtype, device=small, **params)
     assert op._impl.block_local_bytes(4, 32) == 32 * 4 * 16 == 2048
     assert op._impl.supported_block_widths() == (1, 2, 4)

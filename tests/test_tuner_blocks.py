@@ -227,6 +227,41 @@ def test_passes_and_ranking_for_k():
     assert dict(order)["csr-vector"][0]["mapping"] == "adaptive"   # k = 1: as before
 
 
+def test_lane_columns_alternative_for_k(rng):
+    """Block tuning on a GPU also times the CSR formats' lanes kernels with twice the
+    rule's columns per work-item (second in their lists: the first alternative a second
+    pass or an online measurement of blocks times); not for k < 8, sell or ell, the
+    CPU's items kernels, single products, or a caller's own lane_columns.  The
+    measured candidate multiplies right and says its count."""
+    from pyspmv_cl.tuning import online
+    cpu, gpu = DEVICES[0].profile, gpu_device().profile
+    A = random_values(generators.random_uniform(2000, 2000, 6, seed=3), rng)
+    f = MatrixFeatures.from_csr(A)
+
+    def lists(profile, k, **user):
+        order, _ = tuner.rank_candidates(f, profile, np.float32, dict(FORMATS), "sell",
+                                         block_size=k, user_params=user)
+        return dict(order)
+
+    for k, want in ((32, 4), (33, 4), (16, 4), (8, 2)):
+        for name in ("csr-scalar", "csr-vector"):
+            sets = lists(gpu, k)[name]
+            assert sets[1] == {**sets[0], "lane_columns": want}, (name, k)
+    for name, sets in lists(gpu, 32).items():
+        if name not in ("csr-scalar", "csr-vector"):
+            assert all("lane_columns" not in p for p in sets), name
+    for sets in (lists(gpu, 4)["csr-vector"], lists(gpu, 1)["csr-vector"],
+                 lists(cpu, 32)["csr-vector"], lists(gpu, 32, lane_columns=2)["csr-vector"]):
+        assert all("lane_columns" not in p for p in sets)
+    assert online.online_alternatives(1) == 0 and online.online_alternatives(16) == 1
+    entry, impl, _ = tuner.measure(A, f, gpu_device(), np.float32, budget=30,
+                                   registry={"csr-vector": FORMATS["csr-vector"]},
+                                   alternatives=1, block_size=16)
+    timed = [c for c in entry["candidates"] if c["alternative"]]
+    assert [c["resolved"]["lane_columns"] for c in timed] == [4]
+    assert impl is not None
+
+
 def test_rules_choose_block_kernels_for_k(rng):
     """GPU rules: dia (stencil) becomes sell and coo (skewed rows) csr-vector for
     k > 1, since neither has block kernels; k = 1 keeps them.  The operators chosen

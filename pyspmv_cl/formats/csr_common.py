@@ -7,7 +7,7 @@ import pyopencl as cl
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from . import params as P
 from .base import SpMVFormat
-from .lanes import LanesBlocks
+from .lanes import LANE_COLUMNS, LanesBlocks
 
 #: row_ptr, col_idx, values as the CSR kernels declare them (values in value_t: the
 #: operator's type, or fewer bits with ``value_bits``, read through LOADV).
@@ -27,6 +27,10 @@ BLOCK_MAPPINGS = ("items", "lanes")
 BLOCK_MAPPING = P.Param("block_mapping", P.one_of(*BLOCK_MAPPINGS),
                         "block products: 'items' (k sums per work-item) or 'lanes' (a "
                         "work-item per vector of a row)")
+
+
+#: The block parameters both CSR formats declare.
+BLOCK_PARAMS = (BLOCK_MAPPING, LANE_COLUMNS)
 
 
 def default_block_mapping(profile) -> str:

@@ -12,7 +12,7 @@ from .base import (
     skewed_rows,
 )
 from .csr_common import (
-    BLOCK_MAPPING,
+    BLOCK_PARAMS,
     CSR_ROW_ARGS,
     CSR_ROW_BLOCK_ARGS,
     CSRFormatBase,
@@ -28,7 +28,7 @@ class CSRScalar(CSRFormatBase):
     complex_values = True
     order = 0
     template = "csr_scalar.mako"
-    params = (P.work_group_size(), BLOCK_MAPPING, VALUE_BITS)
+    params = (P.work_group_size(), *BLOCK_PARAMS, VALUE_BITS)
     block_widths = BLOCK_WIDTHS
     block_template = "csr_scalar_block.mako"
 

@@ -60,7 +60,7 @@ from ..errors import InvalidParameterError
 from . import params as P
 from .base import BLOCK_WIDTHS, csr_bytes, fits_int32, launch_rows, pow2_floor, round_up
 from .csr_common import (
-    BLOCK_MAPPING,
+    BLOCK_PARAMS,
     CSR_ARRAYS,
     CSR_ROW_ARGS,
     CSR_ROW_BLOCK_ARGS,
@@ -180,7 +180,7 @@ class CSRVector(CSRFormatBase):
         P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
                 "entries each work-item reads per window (mapping='adaptive'), merge "
                 "items per work-item (mapping='merge')"),
-        BLOCK_MAPPING,
+        *BLOCK_PARAMS,
         VALUE_BITS,
     )
 

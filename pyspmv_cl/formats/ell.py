@@ -55,7 +55,7 @@ from .base import (
     pow2_floor,
     row_per_item_work_group_size,
 )
-from .lanes import LanesBlocks
+from .lanes import LANE_COLUMNS, LanesBlocks
 from .registry import register
 
 DEFAULT_MAX_PADDING = 20.0
@@ -162,7 +162,7 @@ class ELL(LanesBlocks, SpMVFormat):
     complex_values = True
     order = 4
     template = "ell.mako"
-    params = (P.work_group_size(), MAX_PADDING)
+    params = (P.work_group_size(), MAX_PADDING, LANE_COLUMNS)
     may_refuse = True
     converts_on_device = True
     host_input_on_device = True   # GPUs: 20M non-zeros, 0.47 s on the H200's host

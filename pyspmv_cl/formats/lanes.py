@@ -8,12 +8,23 @@ A format mixes ``LanesBlocks`` in, may say when the lanes kernel is used (``_lan
 its template (``lanes_template``, kernel ``lanes_kernel``) and its matrix arguments
 (``lanes_matrix_args()``), and keeps its own block kernels under the ``items_`` names."""
 
+import numpy as np
+
 from ..codegen import BLOCK_ARGS, KernelSpec
-from .base import pow2_floor
+from . import params as P
+from .base import plan_blocks, pow2_floor
 
 #: The lanes kernels' widths (k per launch) and work-group size.
 LANES_WIDTHS = (1, 2, 4, 8, 16, 32)
 LANES_GROUP = 128
+
+
+#: Declared by the formats with lanes kernels: a fixed column count overrides
+#: ``lane_columns``'s rule (the tuner tries the CSR formats' alternative, see
+#: ``lane_columns_alternative``).
+LANE_COLUMNS = P.Param("lane_columns", P.optional(P.integer(1, 8, power_of_two=True)),
+                       "block columns each work-item of the lanes kernel computes (1, 2, "
+                       "4 or 8, at most the block's width; None: by width and format)")
 
 
 def lane_columns(kb: int, slotted: bool = False) -> int:
@@ -38,6 +49,19 @@ def lane_columns(kb: int, slotted: bool = False) -> int:
     return 2 if kb >= 16 else 1
 
 
+def lane_columns_alternative(kb: int, slotted: bool = False):
+    """The column count block tuning also times for width ``kb`` (None: none): twice
+    the rule's for the CSR formats from k = 8.  csr-vector, 20M non-zeros: on an H100 at
+    k = 32 four columns beat the rule's two on wing (rows of 4 entries: 684 against
+    793 us in float32) and cage10 float64 (558 against 583), and lost 7-35% on
+    astro-ph, Groebner_id2003_aug and cage10 float32; on an H200 at k = 8 two beat one
+    on cage10 (127 against 151 us in float32) and lost 34% on Groebner.  For sell,
+    eight columns lost everywhere on the same H200 and other counts mostly lost."""
+    if slotted or kb < 8:
+        return None
+    return 2 * lane_columns(kb, slotted)
+
+
 class LanesBlocks:
     """Block-product hooks of ``SpMVFormat`` routed to the lanes kernel when ``_lanes``."""
 
@@ -53,6 +77,26 @@ class LanesBlocks:
         formats decide by their ``block_mapping`` parameter instead."""
         return self.dtype.kind == "c" and self.profile.is_gpu
 
+    @classmethod
+    def lane_columns_candidate(cls, features, profile, dtype, given, k):
+        """``{"lane_columns": c}`` for block tuning to time besides the parameters
+        ``given`` on products of ``k`` vectors (``lane_columns_alternative`` for the
+        widest block), or None: none for these parameters, no lanes kernel with them,
+        or the caller fixed the count."""
+        if given.get("lane_columns") is not None:
+            return None
+        widths = cls.block_widths_for(features, profile, dtype, given)
+        if 1 not in widths:
+            return None
+        probe = object.__new__(cls)
+        probe.profile, probe.dtype = profile, np.dtype(dtype)
+        probe.params = cls.resolve_params(features, profile, dtype, dict(given))
+        if not probe._lanes:
+            return None
+        kb = plan_blocks(k, widths)[0][1]
+        alt = lane_columns_alternative(kb, cls.lanes_slotted)
+        return None if alt is None or alt > kb else {"lane_columns": alt}
+
     def lanes_matrix_args(self):
         raise NotImplementedError
 
@@ -63,7 +107,8 @@ class LanesBlocks:
     def _lane_columns(self, kb) -> int:
         """Columns per work-item of this format's width-``kb`` lanes kernel: what its
         template is rendered with and its launch is sized by."""
-        return lane_columns(kb, self.lanes_slotted)
+        fixed = self.params.get("lane_columns")
+        return min(kb, fixed) if fixed else lane_columns(kb, self.lanes_slotted)
 
     def block_template_params(self, kb):
         params = super().block_template_params(kb)

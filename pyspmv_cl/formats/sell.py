@@ -47,7 +47,7 @@ from .base import (
     round_up,
     skewed_rows,
 )
-from .lanes import LanesBlocks
+from .lanes import LANE_COLUMNS, LanesBlocks
 from .registry import register
 from .storage import VALUE_BITS, full_bits
 
@@ -197,6 +197,7 @@ class SELL(LanesBlocks, SpMVFormat):
                 "(slices spanning under 65535 columns)"),
         VALUE_BITS,
         P.work_group_size(),
+        LANE_COLUMNS,
     )
 
     @classmethod

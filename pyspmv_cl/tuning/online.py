@@ -44,9 +44,10 @@ from .heuristics import block_sets_first
 #: Budget of a background measurement: seconds per million non-zeros, and at least.
 ONLINE_SECONDS_PER_MNNZ = 0.3
 ONLINE_MIN_BUDGET = 0.5
-#: Formats a background measurement times (the model's best; no alternative parameter
-#: sets): a switch within the caller's first few thousand products matters more than
-#: the last per cent, and ``tune=True`` measures everything.
+#: Formats a background measurement times (the model's best; alternative parameter sets
+#: only for block products, ``online_alternatives``): a switch within the caller's
+#: first few thousand products matters more than the last per cent, and ``tune=True``
+#: measures everything.
 ONLINE_MAX_FORMATS = 4
 #: CPUs: start once the products run (estimated) add up to this share of the budget.
 CPU_TRIGGER_SHARE = 1.0
@@ -98,6 +99,15 @@ _switch_interval = _SwitchInterval()
 
 def online_budget(nnz: int) -> float:
     return max(ONLINE_MIN_BUDGET, ONLINE_SECONDS_PER_MNNZ * nnz / 1e6)
+
+
+def online_alternatives(block_size: int) -> int:
+    """Other parameter sets the online measurement times for each of its best formats
+    (``tuner.measure``'s ``alternatives``): none for single products; one for products
+    of several vectors, which a caller asked for with ``block_size`` and whose kernels
+    have the most to gain: the CSR formats' other column count of their lanes kernels
+    comes first (``tuner.with_lane_columns``)."""
+    return 0 if block_size == 1 else 1
 
 
 def start_choice(features, profile, dtype, block_size=1, user_params=None):

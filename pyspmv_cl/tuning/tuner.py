@@ -147,6 +147,18 @@ def block_passes(cls, f, profile, dtype, params, k):
     return len(plan_blocks(k, widths)) if 1 in widths else k
 
 
+def with_lane_columns(cls, f, profile, dtype, params_list, user_params, k):
+    """``params_list`` with, second (the first alternative a second pass times), the
+    first set with the other column count of a lanes kernel where the format has one
+    for products of ``k`` vectors (``LanesBlocks.lane_columns_candidate``)."""
+    candidate = getattr(cls, "lane_columns_candidate", None)
+    extra = candidate(f, profile, dtype, {**user_params, **params_list[0]}, k) \
+        if candidate is not None else None
+    if extra is None:
+        return params_list
+    return [params_list[0], {**params_list[0], **extra}, *params_list[1:]]
+
+
 def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_size=1,
                     user_params=None):
     """([(format, params)] in the order to time them, [(format, why skipped)]).
@@ -176,6 +188,8 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_si
             continue
         if block_size > 1:   # stable: the format's own order among each kind
             params_list = block_sets_first(cls, f, profile, dtype, params_list, user_params)
+            params_list = with_lane_columns(cls, f, profile, dtype, params_list,
+                                            user_params, block_size)
             cost *= block_passes(cls, f, profile, dtype, {**user_params, **params_list[0]},
                                  block_size)
         ranked.append((0 if name == rule_choice else 1, cost, name, params_list))
@@ -319,7 +333,9 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     ``should_stop()`` ends the measurement early; ``queue`` (profiling enabled) times
     on a queue of the caller's instead of the device's profiling queue;
     ``max_formats`` (default ``MAX_FORMATS``) bounds the first pass and
-    ``alternatives=False`` skips the second (other parameter sets); ``include``
+    ``alternatives`` the second (other parameter sets of the best ``ALT_FORMATS``
+    formats): True times ``ALT_PARAMS`` of each, an integer that many, False none;
+    ``include``
     lists (format, params) timed first in the first pass whatever their rank.
 
     ``offer(format, params, impl)`` (online tuning) is called when a first-pass
@@ -433,9 +449,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     # Second pass: other parameter sets of the best formats.
     by_format = sorted(results, key=lambda r: _score(r, expected_calls))
     second = []
-    for rec in by_format[:ALT_FORMATS if alternatives else 0]:
+    per_format = ALT_PARAMS if alternatives is True else int(alternatives)
+    for rec in by_format[:ALT_FORMATS if per_format > 0 else 0]:
         params_list = dict(order).get(rec["format"], [])
-        second += [(rec["format"], p, True) for p in params_list[1:1 + ALT_PARAMS]]
+        second += [(rec["format"], p, True) for p in params_list[1:1 + per_format]]
     for name, params, alt in second:
         if not within_budget():
             break
@@ -729,7 +746,8 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                       budget=budget,
                                       should_stop=should_stop, queue=queue,
                                       max_formats=online.ONLINE_MAX_FORMATS,
-                                      alternatives=False, include=[start],
+                                      alternatives=online.online_alternatives(block_size),
+                                      include=[start],
                                       offer=offer, block_size=block_size)
         queue.finish()
         if chosen is None:
