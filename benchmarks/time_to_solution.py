@@ -254,7 +254,8 @@ def main(argv=None):
                     "gives none (with POCL_DEVICES='pthread basic': the driver by size)")
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--formats", default="auto",
-                    help="comma list: 'auto' (the defaults), 'auto:1000' (expected_calls="
+                    help="comma list: 'auto' (the defaults), 'auto:budget=1.5' (tune_budget="
+                         "1.5 s), 'auto:1000' (expected_calls="
                          "1000) or format names")
     ap.add_argument("--peers", default=None, help="comma list (default: every available)")
     ap.add_argument("--states", default="cold-empty,warm-empty,warm-filled")
@@ -276,6 +277,8 @@ def main(argv=None):
     for item in args.formats.split(","):
         if item == "auto":
             configs.append(("auto", {}))
+        elif item.startswith("auto:budget="):
+            configs.append((item, {"tune_budget": float(item[12:])}))
         elif item.startswith("auto:"):
             configs.append((item, {"expected_calls": int(item[5:])}))
         else:
@@ -304,17 +307,23 @@ def main(argv=None):
                 rows += run_case(name, A.astype(dtype), None if chooses else device, dtype,
                                  configs, peers, states,
                                  args.rounds, args.vectors, env, log, direct=args.direct)
+                save(args, device, chooses, rows)   # after each case: a cut run keeps them
+    print(save(args, device, chooses, rows))
+
+
+def save(args, device, chooses, rows):
+    """Write the results so far (``--out``); returns the markdown table."""
     info = {"device": "SpMV(A)'s choice" if chooses else device.profile.name,
             "vectors": args.vectors,
             "pyspmv_cl": psc.__version__, "cpu_count": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(sys.argv)}
     text = table(info, rows)
-    print(text)
     if args.out:
         Path(args.out + ".json").write_text(json.dumps({"environment": info, "results": rows},
                                                        indent=1))
         Path(args.out + ".md").write_text(text + "\n")
+    return text
 
 
 if __name__ == "__main__":
