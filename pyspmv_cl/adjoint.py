@@ -38,6 +38,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from . import host_arrays
 from .device_inputs import DeviceCSR
 from .errors import FormatNotSuitableError, InvalidInputError, InvalidParameterError
 from .formats.values import _layout
@@ -55,7 +56,7 @@ def transpose_structure(indices, indptr, n_cols):
     wide = max(n_rows, n_cols, nnz) >= 2**31 - 1
     idx = np.dtype(np.int64 if wide else np.int32)
     perm = np.argsort(indices, kind="stable").astype(idx, copy=False)
-    rows = np.repeat(np.arange(n_rows, dtype=idx), np.diff(indptr))
+    rows = host_arrays.repeat(np.arange(n_rows, dtype=idx), np.diff(indptr))
     t_indptr = np.zeros(n_cols + 1, dtype=idx)
     np.cumsum(np.bincount(indices, minlength=n_cols), out=t_indptr[1:])
     return perm, rows[perm], t_indptr

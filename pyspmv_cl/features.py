@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .host_arrays import entry_rows
+
 # Diagonals are counted only for matrices that could suit DIA (short, even rows):
 # one counting pass over the non-zeros (a sort when m + n dwarfs nnz), skipped for the rest.
 _DIAGONAL_SCAN_MAX_ROW = 64
@@ -67,7 +69,7 @@ class MatrixFeatures:
         n_rows, n_cols = csr.shape
         if csr.nnz and self.max_row_length <= _DIAGONAL_SCAN_MAX_ROW \
                 and self.std_row_length <= 0.5 * self.mean_row_length:
-            rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(csr.indptr))
+            rows = entry_rows(csr.indptr)
             offsets = csr.indices.astype(np.int64) - rows + (n_rows - 1)
             if n_rows + n_cols <= 4 * csr.nnz:     # a counting pass is cheapest
                 diagonals = int(np.count_nonzero(np.bincount(offsets, minlength=1)))
@@ -93,7 +95,7 @@ def bandwidth(csr):
     """Largest |column - row| over the stored entries (0 for an empty matrix)."""
     if csr.nnz == 0:
         return 0
-    rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
+    rows = entry_rows(csr.indptr)
     return int(np.abs(csr.indices.astype(np.int64) - rows).max())
 
 

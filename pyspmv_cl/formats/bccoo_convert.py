@@ -22,6 +22,8 @@ import dataclasses
 
 import numpy as np
 
+from .. import host_arrays
+
 FLAG_TYPES = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32)}
 # Column indices (block columns) as unsigned short while the matrix is narrower than this.
 USHORT_COLS_LIMIT = 65535
@@ -78,8 +80,7 @@ def _block_keys(csr, h, w, slices):
     m, n = csr.shape
     n_block_rows = -(-m // h)
     n_block_cols = -(-n // w)
-    row_lengths = np.diff(csr.indptr)
-    rows = np.repeat(np.arange(m, dtype=np.int64), row_lengths)
+    rows = host_arrays.entry_rows(csr.indptr)
     cols = csr.indices.astype(np.int64, copy=False)
     rank = _duplicate_rank(csr, rows, cols)
     copies = 1 if rank is None else int(rank.max()) + 1

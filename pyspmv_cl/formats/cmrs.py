@@ -22,6 +22,7 @@ the unsorted layout by rounding only.
 
 import numpy as np
 
+from .. import host_arrays
 from ..codegen import PRODUCT_ARGS, KernelSpec, c_type, matrix, scalar
 from ..errors import InvalidParameterError
 from . import params as P
@@ -201,13 +202,13 @@ class CMRS(SpMVFormat):
         row_lengths = np.diff(indptr)
         # strip_ptr[s] = row_ptr[s * height], strip_ptr[-1] = nnz.
         strip_ptr = indptr[np.minimum(np.arange(self.n_strips + 1) * h, m)]
-        row_in_strip = np.repeat((np.arange(m) % h).astype(np.uint8), row_lengths)
+        row_in_strip = host_arrays.repeat((np.arange(m) % h).astype(np.uint8), row_lengths)
         cols = csr.indices
         values = csr.data
         if self.params["sort_columns"] and csr.nnz:
             # One stable sort by (strip, column): ties (duplicates) keep their CSR order.
-            key = np.repeat(np.arange(self.n_strips, dtype=np.int64) * max(n, 1),
-                            np.diff(strip_ptr)) + cols
+            key = host_arrays.repeat(np.arange(self.n_strips, dtype=np.int64) * max(n, 1),
+                                     np.diff(strip_ptr)) + cols
             if np.any(key[1:] < key[:-1]):  # else already in order (height 1, sorted CSR)
                 order = np.argsort(key, kind="stable")
                 cols, values, row_in_strip = cols[order], values[order], row_in_strip[order]

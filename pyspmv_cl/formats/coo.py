@@ -24,6 +24,7 @@ from ..codegen import (
     scratch,
 )
 from ..errors import InvalidParameterError
+from ..host_arrays import repeat as repeat_in_pieces
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
 from .builder import ProgramSpec
@@ -197,7 +198,7 @@ class COOPart:
         chunk; padding is never read) and the list of empty rows, names prefixed."""
         owner, p = self.owner, self.owner.params
         idx = owner.index_dtype
-        rows = np.repeat(np.arange(self.n_rows, dtype=idx), self.row_lengths)
+        rows = repeat_in_pieces(np.arange(self.n_rows, dtype=idx), self.row_lengths)
         cols = csr.indices.astype(idx, copy=False)
         values = csr.data.astype(owner.dtype, copy=False)
         if p["layout"] == "interleaved" and self.nnz:

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from .. import host_arrays
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
 from ..errors import FormatNotSuitableError
 from . import params as P
@@ -63,8 +64,7 @@ def dia_diagonals(csr):
     """``(offsets, diagonal of each entry, row of each entry)``: the occupied diagonals
     (sorted by offset, then layer) and where every stored entry goes."""
     m, n = csr.shape
-    lengths = np.diff(csr.indptr)
-    rows = np.repeat(np.arange(m, dtype=np.int64), lengths)
+    rows = host_arrays.entry_rows(csr.indptr)
     cols = csr.indices.astype(np.int64)
     offset = cols - rows
     rank = None if csr.nnz < 2 else _duplicate_rank(rows, cols, n)

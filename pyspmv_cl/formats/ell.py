@@ -43,6 +43,7 @@ import numbers
 
 import numpy as np
 
+from .. import host_arrays
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, KernelSpec, matrix, scalar
 from ..errors import FormatNotSuitableError, InvalidParameterError
 from . import ell_device
@@ -83,7 +84,7 @@ def ell_stride(n_rows, row_align):
 def row_slots(csr):
     """(row, position within the row) of every stored entry, vectorised."""
     lengths = np.diff(csr.indptr).astype(np.int64)
-    rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), lengths)
+    rows = host_arrays.entry_rows(csr.indptr)
     position = np.arange(rows.size, dtype=np.int64) - (csr.indptr[:-1].astype(np.int64)[rows]
                                                        - int(csr.indptr[0]))
     return rows, position, lengths

@@ -34,6 +34,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from .. import host_arrays
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, KernelSpec, matrix, scalar, scratch
 from ..errors import FormatNotSuitableError, IndexOverflowError, InvalidParameterError
 from . import params as P
@@ -78,7 +79,7 @@ def compress_columns(col_idx, slice_ptr):
         if np.any(high - low >= PAD_OFFSET):
             return None
         base[filled] = low
-    offsets = col_idx - np.repeat(base, counts)
+    offsets = col_idx - host_arrays.repeat(base, counts)
     return base, np.where(real, offsets, PAD_OFFSET).astype(np.uint16)
 
 # sigma="auto": the smallest window (1, then LADDER_STEP**k * C rows, then the whole
@@ -397,7 +398,7 @@ class SELL(LanesBlocks, SpMVFormat):
         row_base, row_lengths, perm, slice_ptr = self._row_base()
         C = self.params["slice_height"]
         slot = np.arange(0, csr.nnz * C, C, dtype=np.int64)
-        slot += np.repeat(row_base, row_lengths)
+        slot += host_arrays.repeat(row_base, row_lengths)
         col_idx = np.full(int(slice_ptr[-1]), -1, dtype=self.index_dtype)
         values = np.zeros(int(slice_ptr[-1]), dtype=self.value_dtype)
         col_idx[slot] = csr.indices
@@ -436,7 +437,7 @@ class SELL(LanesBlocks, SpMVFormat):
         index, m, C = self.index_dtype, self.shape[0], self.params["slice_height"]
         slice_ptr = read("slice_ptr", index, self.n_slices + 1).astype(np.int64)
         n_slots = int(slice_ptr[-1])
-        slice_of = np.repeat(np.arange(self.n_slices, dtype=np.int64), np.diff(slice_ptr))
+        slice_of = host_arrays.entry_rows(slice_ptr)
         lane = np.arange(n_slots, dtype=np.int64) - slice_ptr[slice_of]
         lane %= C
         if self.params["col_bits"] == 16:

@@ -1,0 +1,55 @@
+"""host_arrays: np.repeat in pieces (so that a background thread lets others run)."""
+import threading
+
+import numpy as np
+import pytest
+
+from pyspmv_cl import host_arrays
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 1 << 20])
+def test_repeat_matches_numpy(monkeypatch, piece):
+    """Fresh random values and counts (zeros, one count longer than a piece): the same
+    array as np.repeat, in the dtype asked for."""
+    monkeypatch.setattr(host_arrays, "PIECE", piece)
+    rng = np.random.default_rng()
+    for _ in range(50):
+        n = int(rng.integers(0, 60))
+        counts = rng.integers(0, 6, size=n) * (rng.random(n) < 0.7)
+        if n:
+            counts[rng.integers(n)] = rng.integers(0, 40)
+        values = rng.integers(-1000, 1000, size=n).astype(np.int32)
+        got = host_arrays.repeat(values, counts, np.int64)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, np.repeat(values, counts))
+        assert host_arrays.repeat(values, counts).dtype == np.int32
+
+
+def test_entry_rows(monkeypatch):
+    monkeypatch.setattr(host_arrays, "PIECE", 2)
+    np.testing.assert_array_equal(host_arrays.entry_rows(np.array([0, 0, 3, 3, 5])),
+                                  [1, 1, 1, 3, 3])
+    assert host_arrays.entry_rows(np.array([0])).size == 0
+    assert host_arrays.entry_rows(np.array([0, 4]), np.int32).dtype == np.int32
+
+
+def test_repeat_refuses_mismatched_inputs():
+    with pytest.raises(ValueError, match="1-D arrays of one length"):
+        host_arrays.repeat(np.arange(3), np.ones(2, dtype=np.int64))
+
+
+def test_background_threads_yield_between_pieces(monkeypatch):
+    """Off the main thread every piece ends with a sleep (the GIL's hand-over); on the
+    main thread none."""
+    monkeypatch.setattr(host_arrays, "PIECE", 4)
+    sleeps = []
+    monkeypatch.setattr(host_arrays.time, "sleep", sleeps.append)
+    values, counts = np.arange(10), np.full(10, 2)   # 20 entries: 5 pieces
+    host_arrays.repeat(values, counts)
+    assert sleeps == []
+    out = []
+    worker = threading.Thread(target=lambda: out.append(host_arrays.repeat(values, counts)))
+    worker.start()
+    worker.join()
+    np.testing.assert_array_equal(out[0], np.repeat(values, counts))
+    assert sleeps == [host_arrays.YIELD_SECONDS] * 5
