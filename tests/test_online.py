@@ -380,3 +380,30 @@ def test_sell_snapshot_gives_back_the_csr(params, rng):
     assert np.array_equal(indptr, want.indptr)
     assert np.array_equal(indices, want.indices)
     assert np.array_equal(data, stored.astype(DTYPE))
+
+
+def test_gpu_trigger_waits_until_products_pay_for_the_measurement():
+    """GPUs: the measurement starts once the products run would have cost what it costs
+    them (GPU_MEASUREMENT_SECONDS_PER_MNNZ): later for more non-zeros, sooner for wider
+    values (each product costs more); a known winner's conversion starts at once; CPUs
+    keep their budget rule."""
+    from types import SimpleNamespace
+
+    from pyspmv_cl.tuning import online
+    gpu = DEVICES[0].override(device_type="gpu").profile
+    cpu = DEVICES[0].override(device_type="cpu").profile
+
+    def features(nnz):
+        return SimpleNamespace(nnz=nnz, n_rows=nnz // 14, n_cols=nnz // 14)
+
+    big, small = features(20_000_000), features(50_000)
+    f32 = online.trigger_calls(big, gpu, np.float32, 1.0)
+    f64 = online.trigger_calls(big, gpu, np.float64, 1.0)
+    per_call = (20_000_000 * 8 + 2 * (20_000_000 // 14) * 4) / online.GPU_BYTES_PER_SECOND \
+        + online.GPU_CALL_SECONDS
+    assert f32 == int(np.ceil(online.GPU_MEASUREMENT_SECONDS_PER_MNNZ * 20 / per_call))
+    assert 1000 < f64 < f32 < 5000
+    assert 1 < online.trigger_calls(small, gpu, np.float32, 1.0) < 100
+    assert online.trigger_calls(big, gpu, np.float32, 1.0, measuring=False) == 1
+    assert online.trigger_calls(big, cpu, np.float32, 1.0) == \
+        online.trigger_calls(big, cpu, np.float32, 1.0, measuring=False) > 1

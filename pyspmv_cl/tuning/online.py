@@ -4,9 +4,9 @@ The operator starts at once on a kernel that costs little setup (``start_choice`
 csr-vector on GPUs, its adaptive mapping where the rows allow, no conversion; on CPUs
 sell, whose host conversion takes a few ms up to a million non-zeros, else csr-scalar),
 so setup costs little more than the upload.  Once the caller has run enough products for
-tuning to pay (``trigger_calls``: at once on GPUs, where the candidates are converted on
-the host while the device runs the caller's products; on CPUs only after the products
-already run would have paid for the measurement, since it shares the cores), a
+tuning to pay (``trigger_calls``: once the products already run would have paid for
+the measurement: on CPUs its budget, since it shares the cores; on GPUs what it costs
+the caller's products while the device runs both), a
 background thread snapshots the matrix from the device, runs the measuring tuner
 (``tuner.measure``) on the device's profiling queue within a budget, and stores the
 decision in the tuning database.  The operator switches to the winner at the start of
@@ -60,6 +60,17 @@ CPU_TRIGGER_SHARE = 1.0
 CPU_SELL_START_MAX_NNZ = 1_000_000
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
+#: GPUs: what one background measurement costs the caller's products, seconds per
+#: million non-zeros.  On an H200 (astro-ph, cage10, Groebner_id2003_aug, wing, 20M
+#: non-zeros) the caller's products stalled 0.23-0.36 s in all during one measurement
+#: (host work holding the GIL, the candidates' conversions and timing runs on the
+#: device), while a switch saves 20-30% of a product: at 10,000 products it had not
+#: paid for itself.  With a product's time guessed from its bytes (a bandwidth and a
+#: call's overhead), ``trigger_calls`` starts measuring once the products already run
+#: have cost as much (the ski-rental rule: never more than twice the better choice).
+GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.015
+GPU_BYTES_PER_SECOND = 2e12
+GPU_CALL_SECONDS = 20e-6
 
 
 #: The interpreter's switch interval while a background measurement runs (seconds).
@@ -131,12 +142,19 @@ def start_choice(features, profile, dtype, block_size=1, user_params=None):
     return "csr-scalar", {}, "csr-scalar: no conversion"
 
 
-def trigger_calls(features, profile, dtype, budget) -> int:
-    """Products after which the background measurement starts."""
-    if profile.is_gpu:
-        return 1
+def trigger_calls(features, profile, dtype, budget, measuring=True) -> int:
+    """Products after which the background work starts: on CPUs once the products run
+    would have taken ``budget``; on GPUs, for a measurement (``measuring``), once they
+    would have taken what the measurement costs them
+    (``GPU_MEASUREMENT_SECONDS_PER_MNNZ``), else (converting a known winner) at once."""
     item = np.dtype(dtype).itemsize
     nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
+    if profile.is_gpu:
+        if not measuring:
+            return 1
+        per_call = nbytes / GPU_BYTES_PER_SECOND + GPU_CALL_SECONDS
+        cost = GPU_MEASUREMENT_SECONDS_PER_MNNZ * features.nnz / 1e6
+        return max(1, int(np.ceil(cost / per_call)))
     per_call = nbytes / CPU_BYTES_PER_SECOND
     return max(1, int(np.ceil(CPU_TRIGGER_SHARE * budget / per_call)))
 

@@ -709,7 +709,7 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
     if start_format == stored.format:   # converts as fast as the start would
         return stored
     conversion = float(chosen.get("conversion_seconds") or 0.0)
-    trigger = online.trigger_calls(features, profile, dtype, conversion)
+    trigger = online.trigger_calls(features, profile, dtype, conversion, measuring=False)
 
     def convert_winner(snapshot, should_stop, offer):
         cls = FORMATS[stored.format]
