@@ -183,14 +183,17 @@ def run_case(name, A, device, dtype, configs, peers, states, rounds, vectors, en
         for kind, label, what, state in order:
             key = (label, state)
             op = None
+            timed = key not in products   # this round times the products (the first)
             if kind == "ours":
                 env.enter(*STATES[state])
                 setup, product, op, result = ours(A, x, device, dtype, what, vectors)
-                chosen[key] = f"{op.format} ({op.tuning.source})" if op.tuning else op.format
+                if timed:
+                    chosen[key] = (f"{op.format} ({op.tuning.source})" if op.tuning
+                                   else op.format)
             else:
                 setup, product, result = peer(what, A, x, dtype)
             setups[key].append(setup)
-            if key not in products:
+            if timed:
                 if direct:
                     cumulative = direct_times(product, NS[-1])
                     totals[key] = cumulative
@@ -201,7 +204,7 @@ def run_case(name, A, device, dtype, configs, peers, states, rounds, vectors, en
                 errors[key] = relative_error(result(), A, x)
             if op is not None and op.tuning is not None and op.tuning.online is not None:
                 online = op.tuning.online
-                if direct and key in totals:
+                if direct and timed:
                     chosen[key] += "".join(f" -> {fmt} at product {at}"
                                            for at, fmt in online.switches) \
                         or f" ({online.state})"
