@@ -15,6 +15,7 @@ from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench import generators
+from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.tuning import database, online
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
@@ -407,3 +408,37 @@ def test_gpu_trigger_waits_until_products_pay_for_the_measurement():
     assert online.trigger_calls(big, gpu, np.float32, 1.0, measuring=False) == 1
     assert online.trigger_calls(big, cpu, np.float32, 1.0) == \
         online.trigger_calls(big, cpu, np.float32, 1.0, measuring=False) > 1
+
+
+def test_gpu_online_leaves_out_host_conversions_but_the_rules_choice(rng):
+    """On GPUs the online measurement times no format that converts on the host
+    (bccoo, cmrs; dia unless the rules choose it), and says so; the measuring tuner and
+    CPUs time them.  Every operator still multiplies right after the switch."""
+    from pyspmv_cl.tuning import tuner
+    gpu = DEVICES[0].override(device_type="gpu")
+    host_only = {n for n, c in FORMATS.items() if not c.converts_on_device}
+    assert {"bccoo", "cmrs", "dia"} <= host_only
+    assert not online.host_conversions(gpu.profile)
+    assert online.host_conversions(DEVICES[0].override(device_type="cpu").profile)
+
+    A = matrix(seed=3)
+    op = psc.SpMV(A, device=gpu, tune="online")
+    assert op.finish_tuning() == "done", op.tuning.online.error
+    entry = op.tuning.online.decision.entry
+    assert not {c["format"] for c in entry["candidates"]} & host_only
+    left = {name for name, why in entry["skipped"] if why == tuner.HOST_CONVERSION_LEFT_OUT}
+    assert left == host_only
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+
+    # A stencil: the GPU rules choose dia, which is then timed (first, as the rules'
+    # choice), though it converts on the host.
+    S = generators.poisson2d(320).astype(DTYPE)
+    f = psc.tuning.MatrixFeatures.from_csr(S)
+    from pyspmv_cl.tuning import heuristics
+    assert heuristics.choose_format(f.with_diagonals(S), gpu.profile, DTYPE)[0] == "dia"
+    entry, _, _ = tuner.measure(S, f, gpu, DTYPE, budget=30, max_formats=3,
+                                alternatives=False, host_conversions=False)
+    assert "dia" in {c["format"] for c in entry["candidates"]}
+    assert {name for name, why in entry["skipped"]
+            if why == tuner.HOST_CONVERSION_LEFT_OUT} == host_only - {"dia"}

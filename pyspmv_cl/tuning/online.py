@@ -112,6 +112,17 @@ def online_budget(nnz: int) -> float:
     return max(ONLINE_MIN_BUDGET, ONLINE_SECONDS_PER_MNNZ * nnz / 1e6)
 
 
+def host_conversions(profile) -> bool:
+    """Whether the online measurement times formats that convert on the host (bccoo,
+    cmrs, dia; ``tuner.measure``'s ``host_conversions``).  Not on GPUs, unless the rules
+    choose one (dia on a stencil): their conversions take 0.5-3 s of host work at 20M
+    non-zeros, in a thread whose GIL the caller's products wait for, for a kernel a few
+    per cent faster at most (bccoo at 0.83x cuSPARSE against csr-vector's 0.79x on
+    astro-ph float32, H200).  The measuring tuner (``tune=True``, ``expected_calls``)
+    still times them."""
+    return not profile.is_gpu
+
+
 def online_alternatives(block_size: int) -> int:
     """Other parameter sets the online measurement times for each of its best formats
     (``tuner.measure``'s ``alternatives``): none for single products; one for products

@@ -61,6 +61,8 @@ MEASURE_MIN_NNZ = 100_000   # without expected_calls, smaller matrices use the r
 MAX_FORMATS = 8             # formats timed in the first pass (budget permitting)
 ALT_FORMATS = 2             # best formats whose alternative parameter sets are timed
 ALT_PARAMS = 3              # alternatives per format
+#: Why ``measure(host_conversions=False)`` left a format out.
+HOST_CONVERSION_LEFT_OUT = "converts on the host: not timed online (tune=True times it)"
 FINALISTS = 3               # re-timed in alternation at the end (load changes hit all alike)
 CONFIRM_SHARE = 0.3         # of the budget kept for re-timing the finalists:
 MAX_CONFIRM_ROUNDS = 12     # one round at least, then more while the budget lasts
@@ -326,7 +328,7 @@ def _score(c, expected_calls):
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             expected_calls=None, registry=None, progress=None, should_stop=None,
             queue=None, max_formats=None, alternatives=True, include=(), offer=None,
-            block_size=1):
+            block_size=1, host_conversions=True):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step;
@@ -348,7 +350,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
 
     ``block_size`` > 1 times products of that many vectors (see ``_Bench``): kernel
     seconds are per block product, and each record says how it ran (``"product"``:
-    ``"block kernels"`` or ``"column by column"``)."""
+    ``"block kernels"`` or ``"column by column"``).
+
+    ``host_conversions=False`` leaves out the formats that convert on the host, but the
+    rules' choice (online tuning on GPUs: ``online.host_conversions``)."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -366,9 +371,15 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     features = features.with_diagonals(csr)   # the rules and DIA's estimate read them
     budget = default_budget(features.nnz) if budget is None else float(budget)
     rule_choice, _ = choose_format(features, profile, dtype, block_size)
+    left_out = [] if host_conversions else [
+        name for name, cls in registry.items()
+        if not cls.converts_on_device and name != rule_choice]
+    for name in left_out:
+        del registry[name]
     order, skipped = rank_candidates(features, profile, dtype, registry, rule_choice,
                                      csr=csr, block_size=block_size,
                                      user_params=user_params)
+    skipped += [(name, HOST_CONVERSION_LEFT_OUT) for name in left_out]
     first = [(name, p[0]) for name, p in order[:max_formats]]
     included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
@@ -744,6 +755,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                 properties=cl.command_queue_properties.PROFILING_ENABLE)
         entry, impl, chosen = measure(snapshot, features, device, dtype, user_params,
                                       budget=budget,
+                                      host_conversions=online.host_conversions(profile),
                                       should_stop=should_stop, queue=queue,
                                       max_formats=online.ONLINE_MAX_FORMATS,
                                       alternatives=online.online_alternatives(block_size),
