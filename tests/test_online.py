@@ -384,10 +384,10 @@ def test_sell_snapshot_gives_back_the_csr(params, rng):
 
 
 def test_gpu_trigger_waits_until_products_pay_for_the_measurement():
-    """GPUs: the measurement starts once the products run would have cost what it costs
-    them (GPU_MEASUREMENT_SECONDS_PER_MNNZ): later for more non-zeros, sooner for wider
-    values (each product costs more); a known winner's conversion starts at once; CPUs
-    keep their budget rule."""
+    """GPUs: the measurement starts once what a switch might have saved the products
+    run (GPU_SWITCH_GAIN of their kernel time) adds up to what it costs them
+    (GPU_MEASUREMENT_SECONDS_PER_MNNZ): sooner for wider values (each product costs
+    more); a known winner's conversion starts at once; CPUs keep their budget rule."""
     from types import SimpleNamespace
 
     from pyspmv_cl.tuning import online
@@ -400,11 +400,11 @@ def test_gpu_trigger_waits_until_products_pay_for_the_measurement():
     big, small = features(20_000_000), features(50_000)
     f32 = online.trigger_calls(big, gpu, np.float32, 1.0)
     f64 = online.trigger_calls(big, gpu, np.float64, 1.0)
-    per_call = (20_000_000 * 8 + 2 * (20_000_000 // 14) * 4) / online.GPU_BYTES_PER_SECOND \
-        + online.GPU_CALL_SECONDS
-    assert f32 == int(np.ceil(online.GPU_MEASUREMENT_SECONDS_PER_MNNZ * 20 / per_call))
-    assert 1000 < f64 < f32 < 5000
-    assert 1 < online.trigger_calls(small, gpu, np.float32, 1.0) < 100
+    kernel = (20_000_000 * 8 + 2 * (20_000_000 // 14) * 4) / online.GPU_BYTES_PER_SECOND
+    assert f32 == int(np.ceil(online.GPU_MEASUREMENT_SECONDS_PER_MNNZ * 20
+                              / (online.GPU_SWITCH_GAIN * kernel)))
+    assert 10_000 < f64 < f32 < 20_000   # a solve of 10,000 products is not disturbed
+    assert 10_000 < online.trigger_calls(small, gpu, np.float32, 1.0) < 20_000
     assert online.trigger_calls(big, gpu, np.float32, 1.0, measuring=False) == 1
     assert online.trigger_calls(big, cpu, np.float32, 1.0) == \
         online.trigger_calls(big, cpu, np.float32, 1.0, measuring=False) > 1

@@ -60,17 +60,18 @@ CPU_TRIGGER_SHARE = 1.0
 CPU_SELL_START_MAX_NNZ = 1_000_000
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
-#: GPUs: what one background measurement costs the caller's products, seconds per
-#: million non-zeros.  On an H200 (astro-ph, cage10, Groebner_id2003_aug, wing, 20M
-#: non-zeros) the caller's products stalled 0.23-0.36 s in all during one measurement
-#: (host work holding the GIL, the candidates' conversions and timing runs on the
-#: device), while a switch saves 20-30% of a product: at 10,000 products it had not
-#: paid for itself.  With a product's time guessed from its bytes (a bandwidth and a
-#: call's overhead), ``trigger_calls`` starts measuring once the products already run
-#: have cost as much (the ski-rental rule: never more than twice the better choice).
-GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.015
+#: GPUs: the ski-rental rule of ``trigger_calls``.  Measuring is "buying": one
+#: background measurement cost the caller's products 0.22-0.57 s at 20M non-zeros on an
+#: H200 (astro-ph, cage10, Groebner_id2003_aug, wing: host work holding the GIL, the
+#: candidates' conversions and timing runs on the device), about
+#: ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not measuring is "renting": each product pays
+#: what a switch would have saved, ``GPU_SWITCH_GAIN`` of its kernel time (switches
+#: saved 20-25% where they happened; on astro-ph and Groebner none did), the kernel
+#: time guessed from its bytes at ``GPU_BYTES_PER_SECOND``.  The measurement starts once
+#: the rent paid equals its cost: at most twice what the better choice costs.
+GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.02
+GPU_SWITCH_GAIN = 0.25
 GPU_BYTES_PER_SECOND = 2e12
-GPU_CALL_SECONDS = 20e-6
 
 
 #: The interpreter's switch interval while a background measurement runs (seconds).
@@ -155,17 +156,17 @@ def start_choice(features, profile, dtype, block_size=1, user_params=None):
 
 def trigger_calls(features, profile, dtype, budget, measuring=True) -> int:
     """Products after which the background work starts: on CPUs once the products run
-    would have taken ``budget``; on GPUs, for a measurement (``measuring``), once they
-    would have taken what the measurement costs them
-    (``GPU_MEASUREMENT_SECONDS_PER_MNNZ``), else (converting a known winner) at once."""
+    would have taken ``budget``; on GPUs, for a measurement (``measuring``), once the
+    time a switch might have saved them adds up to what the measurement costs them
+    (``GPU_SWITCH_GAIN``), else (converting a known winner) at once."""
     item = np.dtype(dtype).itemsize
     nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
     if profile.is_gpu:
         if not measuring:
             return 1
-        per_call = nbytes / GPU_BYTES_PER_SECOND + GPU_CALL_SECONDS
+        rent = GPU_SWITCH_GAIN * nbytes / GPU_BYTES_PER_SECOND
         cost = GPU_MEASUREMENT_SECONDS_PER_MNNZ * features.nnz / 1e6
-        return max(1, int(np.ceil(cost / per_call)))
+        return max(1, int(np.ceil(cost / max(rent, 1e-12))))
     per_call = nbytes / CPU_BYTES_PER_SECOND
     return max(1, int(np.ceil(CPU_TRIGGER_SHARE * budget / per_call)))
 
