@@ -65,8 +65,9 @@ CPU_BYTES_PER_SECOND = 20e9
 #: H200 (astro-ph, cage10, Groebner_id2003_aug, wing: host work holding the GIL, the
 #: candidates' conversions and timing runs on the device), about
 #: ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not measuring is "renting": each product pays
-#: what a switch would have saved, ``GPU_SWITCH_GAIN`` of its kernel time (switches
-#: saved 20-25% where they happened; on astro-ph and Groebner none did), the kernel
+#: what a switch would have saved, ``GPU_SWITCH_GAIN`` of its kernel time (optimistic:
+#: on an H100 the measured pick was 5-16% faster than csr-vector where it differed,
+#: cage10 and rajat01, and csr-vector itself on astro-ph and Groebner), the kernel
 #: time guessed from its bytes at ``GPU_BYTES_PER_SECOND``.  The measurement starts once
 #: the rent paid equals its cost: at most twice what the better choice costs.
 GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.02
