@@ -1,5 +1,6 @@
 """The user-facing SpMV operator: y = alpha * A @ x + beta * y on one OpenCL device."""
 
+import functools
 import threading
 
 import numpy as np
@@ -344,11 +345,13 @@ class SpMV:
     def _scalar(self, name, value):
         """alpha/beta: a complex for a complex operator, a float where the value is real
         (a real operator given a complex one computes through ``_matvec_split``)."""
+        if type(value) is float:   # the usual 1.0 and 0.0: what the checks would return
+            return complex(value) if self.is_complex else value
         if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
             return complex(value)
         return check_scalar(name, value, complex_ok=self.is_complex)
 
-    @property
+    @functools.cached_property
     def is_complex(self) -> bool:
         """Whether the operator's values are complex (complex64/complex128)."""
         return is_complex(self.dtype)
@@ -647,6 +650,8 @@ class SpMV:
 
     def _check_device_dtype(self, arr, name):
         dtype = arr.dtype
+        if dtype == self.dtype:   # the operator's own type is always allowed
+            return
         kinds = "fc" if self.is_complex and name == "x" else ("c" if self.is_complex else "f")
         if dtype.kind not in kinds or dtype not in (np.float32, np.float64, np.complex64,
                                                     np.complex128):
