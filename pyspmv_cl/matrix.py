@@ -690,11 +690,13 @@ class SpMV:
 
     def _matvec_device(self, x, out, alpha, beta):
         """Device arrays at any offset: a view starting on the device's base-address
-        alignment is passed as a sub-buffer (no copy); another one goes through a
-        temporary at offset 0 (x copied in; out copied in when beta reads it, and the
-        result copied back into the view), which OpenCL's sub-buffers cannot avoid."""
-        x_moved = self._misaligned(x)
-        out_moved = _is_device_array(out) and self._misaligned(out)
+        alignment is passed as a sub-buffer (no copy; not on NVIDIA:
+        ``_no_sub_buffers``); another one goes through a temporary at offset 0 (x copied
+        in; out copied in when beta reads it, and the result copied back into the view),
+        which OpenCL's sub-buffers cannot avoid."""
+        x_moved = self._misaligned(x) or bool(x.offset and self._no_sub_buffers)
+        out_moved = _is_device_array(out) and (
+            self._misaligned(out) or bool(out.offset and self._no_sub_buffers))
         if not (x_moved or out_moved):
             return self._matvec_device_aligned(x, out, alpha, beta)
         if x_moved:
@@ -714,6 +716,15 @@ class SpMV:
                 arr.flags.c_contiguous or arr.flags.f_contiguous):
             return False     # (a strided view is refused by _device_buffer)
         return self._root_offset(arr) % self._base_align != 0
+
+    @functools.cached_property
+    def _no_sub_buffers(self):
+        """Whether views of x and out must go through temporaries instead of sub-buffers
+        of their buffers: NVIDIA's OpenCL (driver 580.159.04, H200) crashed releasing a
+        sub-buffer that had been written once the whole buffer had been read back (plain
+        pyopencl does it too).  There x is copied and the result copied back by
+        pyopencl's copy kernel, which reads and writes the views at their offsets."""
+        return self.device.profile.vendor_family == "nvidia"
 
     @property
     def _base_align(self):

@@ -79,3 +79,34 @@ def test_block_views(device, fmt, rng):
             assert_close(outv.get()[:, j], want[:, j], A, X[:, j], dtype)
         rest = np.delete(out_whole.get(), np.s_[out_at:out_at + 70], axis=0)
         assert np.isnan(rest).all()
+
+
+def test_views_avoid_sub_buffers_on_nvidia(device, rng, monkeypatch):
+    """On NVIDIA (whose driver crashed releasing a written sub-buffer once the whole
+    buffer had been read back) views of x and out go through temporaries, never
+    sub-buffers: right results, nothing outside the views touched.  Elsewhere an
+    aligned view is still used in place (a sub-buffer)."""
+    import pyspmv_cl as psc
+    A = sp.csr_matrix(generators.random_uniform(120, 90, 5, seed=int(rng.integers(99))))
+    x, y0 = rng.uniform(-1, 1, 90), rng.uniform(-1, 1, 120)
+    seen = []
+    original = psc.SpMV._device_buffer
+
+    def spy(self, arr, name):
+        seen.append(arr.offset)
+        return original(self, arr, name)
+    monkeypatch.setattr(psc.SpMV, "_device_buffer", spy)
+    for family, in_place in (("nvidia", False), ("pocl", True)):
+        dev = device.override(vendor_family=family)
+        op = make_operator(A, "csr-scalar", dtype=np.float32, device=dev)
+        at = starts(dev, np.float32)["aligned"]
+        x_whole, xv = placed(op.queue, x.astype(np.float32), at, 300)
+        out_whole, outv = placed(op.queue, y0.astype(np.float32), at, 400)
+        seen.clear()
+        assert op.matvec(xv, out=outv, alpha=2.0, beta=-0.5) is outv
+        after = out_whole.get()   # the whole buffer read back, then everything dropped
+        assert_close(after[at:at + 120], reference(A, x, 2.0, -0.5, y0), A, x, np.float32)
+        assert np.isnan(np.delete(after, np.s_[at:at + 120])).all()
+        assert np.array_equal(x_whole.get()[at:at + 90], x.astype(np.float32))
+        assert (max(seen) > 0) == in_place, (family, seen)
+        del op, xv, outv, x_whole, out_whole
