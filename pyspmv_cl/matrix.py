@@ -694,9 +694,8 @@ class SpMV:
         ``_no_sub_buffers``); another one goes through a temporary at offset 0 (x copied
         in; out copied in when beta reads it, and the result copied back into the view),
         which OpenCL's sub-buffers cannot avoid."""
-        x_moved = self._misaligned(x) or bool(x.offset and self._no_sub_buffers)
-        out_moved = _is_device_array(out) and (
-            self._misaligned(out) or bool(out.offset and self._no_sub_buffers))
+        x_moved = self._needs_temporary(x)
+        out_moved = _is_device_array(out) and self._needs_temporary(out)
         if not (x_moved or out_moved):
             return self._matvec_device_aligned(x, out, alpha, beta)
         if x_moved:
@@ -709,6 +708,11 @@ class SpMV:
         self._matvec_device_aligned(x, work, alpha, beta)
         out.add_event(cla.Array._copy(out, work, queue=self.queue))
         return out
+
+    def _needs_temporary(self, arr):
+        """Whether a device array is used through a temporary rather than in place: a
+        view off the sub-buffer alignment, or any view where sub-buffers are avoided."""
+        return self._misaligned(arr) or bool(arr.offset and self._no_sub_buffers)
 
     def _misaligned(self, arr):
         """Whether a device array starts off the device's sub-buffer alignment."""

@@ -423,13 +423,22 @@ class SpMVFormat:
         and for parameters the build would refuse."""
         if not cls.block_widths:
             return ()
+        probe = cls.bare_instance(features, profile, dtype, given)
+        return () if probe is None else tuple(probe.supported_block_widths())
+
+    @classmethod
+    def bare_instance(cls, features: MatrixFeatures, profile, dtype, given: dict):
+        """An instance holding only the parameters ``given`` (resolved as for building),
+        the value type and the device profile, for what its methods that read nothing
+        else answer before anything is built; None for parameters the build would
+        refuse (it will say why)."""
         try:
             params = cls.resolve_params(features, profile, dtype, dict(given or {}))
-        except (TypeError, ValueError):   # the build will say why
-            return ()
+        except (TypeError, ValueError):
+            return None
         probe = object.__new__(cls)
         probe.profile, probe.dtype, probe.params = profile, np.dtype(dtype), params
-        return tuple(probe.supported_block_widths())
+        return probe
 
     def block_plan(self, k: int) -> list[tuple[int, int]]:
         """``(first column, width)`` of each block covering ``k`` vectors: the widest

@@ -8,8 +8,6 @@ A format mixes ``LanesBlocks`` in, may say when the lanes kernel is used (``_lan
 its template (``lanes_template``, kernel ``lanes_kernel``) and its matrix arguments
 (``lanes_matrix_args()``), and keeps its own block kernels under the ``items_`` names."""
 
-import numpy as np
-
 from ..codegen import BLOCK_ARGS, KernelSpec
 from . import params as P
 from .base import plan_blocks, pow2_floor
@@ -85,13 +83,11 @@ class LanesBlocks:
         or the caller fixed the count."""
         if given.get("lane_columns") is not None:
             return None
-        widths = cls.block_widths_for(features, profile, dtype, given)
-        if 1 not in widths:
+        probe = cls.bare_instance(features, profile, dtype, given)
+        if probe is None or not probe._lanes:
             return None
-        probe = object.__new__(cls)
-        probe.profile, probe.dtype = profile, np.dtype(dtype)
-        probe.params = cls.resolve_params(features, profile, dtype, dict(given))
-        if not probe._lanes:
+        widths = probe.supported_block_widths()
+        if 1 not in widths:
             return None
         kb = plan_blocks(k, widths)[0][1]
         alt = lane_columns_alternative(kb, cls.lanes_slotted)
