@@ -711,15 +711,13 @@ class SpMV:
 
     def _needs_temporary(self, arr):
         """Whether a device array is used through a temporary rather than in place: a
-        view off the sub-buffer alignment, or any view where sub-buffers are avoided."""
-        return self._misaligned(arr) or bool(arr.offset and self._no_sub_buffers)
-
-    def _misaligned(self, arr):
-        """Whether a device array starts off the device's sub-buffer alignment."""
+        contiguous view off the sub-buffer alignment, or any contiguous view where
+        sub-buffers are avoided.  (A strided view is left to _device_buffer, which
+        refuses it: a temporary would be a copy pyopencl cannot make.)"""
         if not arr.offset or arr.base_data is None or arr.size == 0 or not (
                 arr.flags.c_contiguous or arr.flags.f_contiguous):
-            return False     # (a strided view is refused by _device_buffer)
-        return self._root_offset(arr) % self._base_align != 0
+            return False
+        return self._no_sub_buffers or self._root_offset(arr) % self._base_align != 0
 
     @functools.cached_property
     def _no_sub_buffers(self):
