@@ -460,6 +460,56 @@ def test_16_bit_columns_refuse_a_wide_slice(device, rng):
                     psc.SpMV(source, **args)
 
 
+def test_auto_column_bits_take_16_where_slices_fit(device, rng):
+    """col_bits="auto": 16 bits where every slice fits (a host and a device CSR), 32
+    where one slice spans too much (the kernels built again for 32 bits); products
+    right either way, with blocks, update_values and a transposed product."""
+    import pyopencl.array as cla
+    from matrix_cases import random_csr
+
+    n = PAD_OFFSET + 10
+    for span, bits in ((PAD_OFFSET - 1, 16), (PAD_OFFSET, 32)):
+        A = random_csr(rng, 64, n, 0.0001).tolil()
+        A[0:4, :] = 0             # row 3's slice (rows 0-3) holds just these two
+        A[3, 5] = 1.0
+        A[3, 5 + span] = 2.0
+        A = A.tocsr()
+        triple = tuple(cla.to_device(device.queue, a) for a in
+                       (A.data.astype(np.float32), A.indices.astype(np.int32),
+                        A.indptr.astype(np.int32)))
+        for source, kwargs in ((A, {}), (triple, {"shape": A.shape})):
+            op = psc.SpMV(source, format="sell", dtype=np.float32, device=device,
+                          sigma=1, slice_height=4, col_bits="auto", **kwargs)
+            assert op.params["col_bits"] == bits
+            assert ("col_off" in op._impl.buffers) == (bits == 16)
+            x = rng.standard_normal(n)
+            check_against_scipy(op.matvec(x, out=poisoned(64, np.float32)), A, x,
+                                np.float32)
+            X = rng.standard_normal((n, 3))
+            Y = op @ X
+            for j in range(3):
+                check_against_scipy(Y[:, j], A, X[:, j], np.float32)
+            new = rng.standard_normal(A.nnz)
+            op.update_values(new)
+            B = A.copy()
+            B.data = new
+            check_against_scipy(op @ x, B, x, np.float32)
+            y = rng.standard_normal(64)
+            check_against_scipy(op.T @ y, B.T.tocsr(), y, np.float32)
+
+
+@pytest.mark.parametrize("spread, bits", [(0.2, 16), (1.0, 32)])
+def test_gpu_default_column_bits_follow_the_row_spread(spread, bits, device, rng):
+    """On a GPU-shaped profile sell takes 16-bit columns by default where rows are
+    regular (their spread at most NARROW_DEFAULT_SPREAD) and the slices fit."""
+    dev = device.override(**GPU_PROFILES["gpu32"])
+    lengths = np.maximum(1, np.round(10 + 10 * spread * rng.standard_normal(2000)))
+    A = csr_from_row_lengths(rng, lengths.astype(np.int64), 3000)
+    op = psc.SpMV(A, format="sell", dtype=np.float32, device=dev)
+    assert op.params["col_bits"] == bits
+    check_all(op, A, np.float32, rng)
+
+
 @pytest.mark.parametrize("profile", [None, "gpu32"])
 def test_16_bit_columns_complex(profile, device, rng):
     """Complex values with 16-bit columns: one vector and a block (the lanes kernel on a

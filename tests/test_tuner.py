@@ -328,11 +328,17 @@ def test_sell_candidates_offer_more_threads_per_row_on_gpus():
         f = MatrixFeatures(10**6, 10**6, int(mean * 10**6), mean, 300, spread * mean, 0)
         return SELL.tuning_candidates(f, profile, np.float32)
 
-    narrow = {"col_bits": 16}
-    assert candidates(14.5) == [{}, narrow, {"threads_per_row": 2}, {"threads_per_row": 4}]
-    assert candidates(30.0) == [{}, narrow, {"threads_per_row": 2}, {"threads_per_row": 4},
+    # Rows this regular default to col_bits="auto" (16 bits where slices fit): the
+    # other candidate is 32 bits; less regular ones default to 32 and try 16.
+    wide, narrow = {"col_bits": 32}, {"col_bits": 16}
+    assert SELL.default_params(
+        MatrixFeatures(10**6, 10**6, 14 * 10**6, 14.0, 300, 1.4, 0), gpu,
+        np.float32)["col_bits"] == "auto"
+    assert candidates(14.5) == [{}, wide, {"threads_per_row": 2}, {"threads_per_row": 4}]
+    assert candidates(30.0) == [{}, wide, {"threads_per_row": 2}, {"threads_per_row": 4},
                                 {"threads_per_row": 8}]
-    assert candidates(5.0) == [{}, narrow]
+    assert candidates(5.0) == [{}, wide]
+    assert candidates(5.0, spread=0.8) == [{}, narrow]
     assert candidates(5.0, spread=1.5) == [{}]
     cpu = DEVICES[0].profile.replace(device_type="cpu")
     assert candidates(30.0, cpu) == [{}]

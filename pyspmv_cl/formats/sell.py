@@ -13,7 +13,9 @@ be NaN where scipy gives a number).
 (``col_base``, one index per slice; 0xFFFF marks padding), for slices spanning fewer
 than 65535 columns (banded, finite-element and reordered matrices): 2 bytes a slot
 instead of 4, a quarter of float32's traffic.  A matrix with a wider slice is refused
-(``FormatNotSuitableError``).
+(``FormatNotSuitableError``).  ``col_bits="auto"`` (the GPU default where rows are
+regular) takes 16 bits where every slice fits and 32 otherwise: the conversion finds
+out, and builds the 32-bit kernel instead.
 
 ``value_bits=16`` (float32 or float64 operators) stores the values as IEEE half and
 ``value_bits=32`` (float64) as float32, accumulated in the operator's type
@@ -60,6 +62,11 @@ SCATTER_GROUP = 64
 COL_BITS = (16, 32)
 # Row spread (std/mean of the row lengths) up to which the tuner tries col_bits=16.
 REGULAR_SPREAD = 1.0
+# ... and up to which GPUs take col_bits="auto" by default: 16-bit columns ran 3-9%
+# faster on an H200 at spreads 0.15-0.30 (cage10, szdMat, wathenSmall, fe_4elt2),
+# 0.6-1.5% slower at 0.45 (gemat12), as fast at 1.05 (bayer10), 10-30% slower at 1.45
+# and 2.78 (astro-ph, Groebner_id2003_aug).
+NARROW_DEFAULT_SPREAD = 0.4
 # col_bits=16: the offset marking a padding slot, and so one past the widest span.
 PAD_OFFSET = 0xFFFF
 
@@ -182,6 +189,7 @@ class SELL(LanesBlocks, SpMVFormat):
     template = "sell.mako"
     converts_on_device = True
     host_input_on_device = True   # GPUs: 20M non-zeros, 0.5-0.9 s on the host (H200 host)
+    _col_bits_fallback = False    # col_bits="auto" resolved to 16 (analyse)
     block_widths = BLOCK_WIDTHS
     block_template = "sell_block.mako"
     params = (
@@ -193,9 +201,10 @@ class SELL(LanesBlocks, SpMVFormat):
                 "'rows' (work-items per row, GPUs) or 'slices' (a work-item per slice, CPUs)"),
         P.Param("threads_per_row", P.one_of(*THREADS_PER_ROW),
                 "work-items per row (mapping='rows')"),
-        P.Param("col_bits", P.one_of(*COL_BITS),
+        P.Param("col_bits", P.or_words(P.one_of(*COL_BITS), "auto"),
                 "bits of a stored column: 16 = an offset from the slice's smallest column "
-                "(slices spanning under 65535 columns)"),
+                "(slices spanning under 65535 columns), 'auto' = 16 where every slice "
+                "fits, else 32"),
         VALUE_BITS,
         P.work_group_size(),
         LANE_COLUMNS,
@@ -219,8 +228,9 @@ class SELL(LanesBlocks, SpMVFormat):
         wg = max(128, C * T)  # a few warps per group, at least one slice
         if wg > profile.max_work_group_size:
             wg = C * T
+        col_bits = "auto" if features.row_spread <= NARROW_DEFAULT_SPREAD else 32
         return {"slice_height": C, "sigma": "auto", "mapping": "rows",
-                "threads_per_row": T, "col_bits": 32, "value_bits": full_bits(dtype),
+                "threads_per_row": T, "col_bits": col_bits, "value_bits": full_bits(dtype),
                 "work_group_size": wg}
 
     @classmethod
@@ -231,13 +241,18 @@ class SELL(LanesBlocks, SpMVFormat):
         with 4 against 72.9 us with the default of 1 for that many rows."""
         if not profile.is_gpu:
             return [{}]
-        T = cls.default_params(features, profile, dtype)["threads_per_row"]
+        default = cls.default_params(features, profile, dtype)
+        T = default["threads_per_row"]
         # 16-bit columns where rows are regular: on an H200 (x83-x305 replicas, 20M
         # non-zeros) they ran 3-8% faster on cage10, szdMat, wathenSmall and fe_4elt2
         # (row spread 0.15-0.30), equal on bayer10 and gemat12, and 10-30% slower on
         # astro-ph and Groebner_id2003_aug (1.45, 2.78), where csr-vector wins anyway.
         # A matrix whose slices span too many columns refuses it (the tuner skips it).
-        narrow = [{"col_bits": 16}] if features.row_spread <= REGULAR_SPREAD else []
+        # Where the default is already "auto" (16 bits where they fit), 32 bits instead.
+        if default["col_bits"] == "auto":
+            narrow = [{"col_bits": 32}]
+        else:
+            narrow = [{"col_bits": 16}] if features.row_spread <= REGULAR_SPREAD else []
         return [{}] + narrow + [{"threads_per_row": t} for t in (2, 4, 8)
                                 if t != T and features.mean_row_length >= 3 * t]
 
@@ -291,6 +306,11 @@ class SELL(LanesBlocks, SpMVFormat):
             raise InvalidParameterError(
                 f"sell: sigma must be 1, a multiple of slice_height ({C}), at least the row "
                 f"count ({m}), 'all' or 'auto', not {sigma!r}")
+        if self.params["col_bits"] == "auto":
+            # 16 bits, unless the conversion finds a slice too wide for them
+            # (_fall_back_to_32_bit_columns); no entries, nothing to narrow.
+            self.params["col_bits"] = 16 if csr.nnz else 32
+            self._col_bits_fallback = bool(csr.nnz)
         indptr = csr.indptr.astype(np.int64)
         row_lengths = np.diff(indptr)
         if sigma == "auto":
@@ -413,9 +433,20 @@ class SELL(LanesBlocks, SpMVFormat):
             return {"col_idx": col_idx}
         compressed = compress_columns(col_idx.astype(np.int64), slice_ptr)
         if compressed is None:
+            if self._col_bits_fallback:
+                self._fall_back_to_32_bit_columns()
+                return {"col_idx": col_idx}
             raise self._too_wide()
         base, offsets = compressed
         return {"col_base": base.astype(self.index_dtype), "col_off": offsets}
+
+    def _fall_back_to_32_bit_columns(self):
+        """col_bits="auto" and a slice too wide for 16 bits: 32-bit columns, and the
+        kernels built again for them (the kernel cache has them after the first time)."""
+        self.params["col_bits"] = 32
+        self._col_bits_fallback = False
+        self.kernels, self._specs = {}, {}
+        self._build()
 
     def _too_wide(self):
         return FormatNotSuitableError(
@@ -516,6 +547,9 @@ class SELL(LanesBlocks, SpMVFormat):
                                    too_wide=too_wide.base_data))
         self.run_now(queue, steps)
         if too_wide.get()[0]:
+            if self._col_bits_fallback:
+                self._fall_back_to_32_bit_columns()
+                return {"col_idx": col_idx}
             raise self._too_wide()
         return {"col_base": base, "col_off": offsets}
 
