@@ -669,8 +669,11 @@ class SpMVFormat:
             self._plan, self._plan_in_order = plan, in_order(queue)
             self._plan_refs = (x_buf, y_buf)
             self._plan_key = key
-        elif (x_buf.int_ptr, y_buf.int_ptr) != tuple(b.int_ptr for b in self._plan_refs):
-            self._rebind_operands(x_buf, y_buf)
+        else:
+            refs = self._plan_refs
+            if not (x_buf is refs[0] and y_buf is refs[1]) and \
+                    (x_buf.int_ptr, y_buf.int_ptr) != (refs[0].int_ptr, refs[1].int_ptr):
+                self._rebind_operands(x_buf, y_buf)
         if not self._plan:
             return cl.enqueue_marker(queue, wait_for=wait_for)
         event = None
