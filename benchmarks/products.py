@@ -136,11 +136,14 @@ def bench_format(A, fmt, case, peer, sync, args, device):
     m, n = A.shape
     asked = fmt
     fmt, _, spec = fmt.partition(":")   # "sell" or "csr-vector:block_mapping=items"
-    params = {key: int(value) if value.isdigit() else value   # "auto:block_size=8"
+    params = {key: int(value) if value.isdigit() else   # "auto:block_size=8"
+              {"True": True, "False": False}.get(value, value)   # "coo:block_copy=False"
               for key, value in (item.split("=", 1) for item in spec.split(",") if item)}
     t0 = time.perf_counter()
     op = psc.SpMV(A, device=device, format=fmt, **params)
     op.finish_tuning()   # "auto": measure the format its tuning picks (setup includes it)
+    if args.ks:   # the steady state of block products: the block copy of a format
+        op.build_block_copy()   # without block kernels made now (None otherwise)
     q = op.queue
     xd, yd = cla.to_device(q, case["x"]), cla.empty(q, m, op.dtype)
     op.matvec(xd, out=yd)
@@ -170,6 +173,9 @@ def bench_format(A, fmt, case, peer, sync, args, device):
            "setup_s": setup,
            "transpose_setup_s": tsetup, "transposed_format": op.transposed.format,
            "block_kernels": bool(op.has_block_kernels),
+           # The CSR copy the first block product made (a format without block kernels).
+           "block_copy": op.block_copy.format if op.block_copy is not None else None,
+           "block_copy_s": op._block_copy.seconds if op._block_copy is not None else None,
            "results": {key: get() for key, (_, get, _) in contenders.items()}}
     for key, samples in times.items():
         row[key] = {"s": statistics.median(samples), "spread": [min(samples), max(samples)]}

@@ -117,7 +117,8 @@ class TransposedCopy:
         self.transpose_seconds = time.perf_counter() - start
         request = op._request
         triple, common = (t_data, t_indices, t_indptr), {
-            "dtype": op.dtype, "device": op.device, "shape": (n, m)}
+            "dtype": op.dtype, "device": op.device, "shape": (n, m),
+            "block_copy": request.get("block_copy", True)}
         fmt = request["format"]
         if fmt == "auto":
             self.operator = make(triple, "auto", tune=request["tune"],

@@ -16,11 +16,13 @@ from .adjoint import (
     linear_operator,
     rmatmul,
 )
+from .block_copy import BlockCopy, copy_seconds, saved_seconds, wants_copy
 from .device import get_device
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import (
     DeviceCapabilityError,
     InvalidInputError,
+    PySpMVError,
     UnknownParameterError,
     UnsupportedDtypeError,
     UnsupportedLayoutError,
@@ -81,6 +83,11 @@ class SpMV:
         on products of that many vectors (block kernels, or one product per vector for
         formats without them), and the decision is stored apart for its class of k
         (1, 2-4, 5-8, 9-16, 17+; ``op.tuning.block_size`` says which k).
+    block_copy : bool, default True
+        Whether block products of a format without block kernels (coo, hyb, csr5,
+        bccoo, cmrs, ellr-t, dia) run on a CSR copy with block kernels, made by the
+        first one (``block_copy.py``: the memory of a second matrix), when the operator
+        was not tuned for blocks; ``False`` multiplies them column by column.
     **params
         Format parameters (e.g. ``vector_size=8``, ``work_group_size=128``,
         ``index_bits=64``); unknown names are refused.
@@ -88,12 +95,14 @@ class SpMV:
     Attributes: ``format``, ``params``, ``explanation`` (with ``format="auto"``: what
     was chosen and why, with the measured times), ``tuning`` (the tuner's decision:
     ``source`` is "model", "measured" or "database"; ``tuning_seconds``), ``nbytes``
-    (device footprint: the matrix, plus the value map of ``update_values`` and the
-    transposed copy once made; ``nbytes_parts`` splits it), ``shape``, ``dtype``,
+    (device footprint: the matrix, plus the value map of ``update_values``, the
+    transposed copy and the block copy once made; ``nbytes_parts`` splits it),
+    ``shape``, ``dtype``,
     ``device``, ``conversion_time`` (seconds spent converting and uploading),
     ``build_time`` (seconds spent getting the compiled kernel: near zero from the
     kernel cache), ``T`` and ``H`` (A^T and A^H as operators; the same for real
-    values), ``transposed`` (the operator of A^T once a transposed product made it).
+    values), ``transposed`` (the operator of A^T once a transposed product made it),
+    ``block_copy`` (the CSR operator of block products, once one made it).
 
     Result types follow numpy's promotion: ``op @ x`` has dtype
     ``numpy.result_type(op.dtype, x.dtype)`` (float64 for a float64 or int32/int64
@@ -105,11 +114,15 @@ class SpMV:
     """
 
     def __init__(self, A, format="auto", dtype=None, device=None, *, shape=None, tune=None,
-                 expected_calls=None, tune_budget=None, block_size=None, **params):
+                 expected_calls=None, tune_budget=None, block_size=None, block_copy=True,
+                 **params):
+        if not isinstance(block_copy, bool):
+            raise InvalidInputError(f"block_copy must be True or False, not {block_copy!r}")
+        self._allow_block_copy = block_copy
         # The caller's request, for the transposed copy's format (adjoint.py).
         self._request = {"format": format, "params": dict(params), "tune": tune,
                          "expected_calls": expected_calls, "tune_budget": tune_budget,
-                         "block_size": block_size}
+                         "block_size": block_size, "block_copy": block_copy}
         on_device = is_device_triple(A)
         if on_device and device is None and A[0].queue is not None:
             device = A[0].queue   # the arrays' own queue, not the default device
@@ -186,6 +199,10 @@ class SpMV:
         # (x, out, x's buffer, out's buffer, block) of the last device product whose
         # arrays passed every check (_matvec_device_again).
         self._device_memo = None
+        self._block_copy = None      # block_copy.BlockCopy, once block products paid for it
+        self._block_copy_error = None   # why it could not be made (then: column by column)
+        self._block_rent = 0.0       # seconds the column path's products are guessed to
+        #                              have lost to the copy so far (block_copy.py)
 
     # -- descriptive ---------------------------------------------------------------
     @property
@@ -201,13 +218,16 @@ class SpMV:
         """Device bytes by what they hold: ``matrix`` (the format's arrays and scratch),
         ``value_map`` (``update_values``' slot map, made by the first update) and
         ``transposed`` (the copy of A^T made by the first transposed product, its own
-        value map included)."""
+        value map included) and ``blocks`` (the CSR copy made by the first block product
+        of a format without block kernels: ``block_copy``)."""
         updater = self._updater
         copy = self._transposed
+        blocks = self._block_copy
         return {"matrix": self._impl.nbytes,
                 "value_map": updater.nbytes if updater is not None
                 and updater.fmt is self._impl else 0,
-                "transposed": copy.operator.nbytes if copy is not None else 0}
+                "transposed": copy.operator.nbytes if copy is not None else 0,
+                "blocks": blocks.operator.nbytes if blocks is not None else 0}
 
     @property
     def nbytes(self) -> int:
@@ -482,6 +502,8 @@ class SpMV:
             self._impl = impl
             self.format = fmt
             self._updater = None
+            if impl.has_block_kernels:   # blocks run on the new format: copy not needed
+                self._block_copy = None
             if not done:
                 self.explanation += (f"; switched to {fmt} after {tuning.calls} products, "
                                      "still measuring")
@@ -512,6 +534,49 @@ class SpMV:
             if self._online is not None and tuning.state not in ("waiting", "running"):
                 self._poll_online()
         return tuning.state
+
+    @property
+    def block_copy(self):
+        """The CSR operator (csr-scalar) that runs this operator's block products when
+        its format has no block kernels and it was not tuned for blocks, once block
+        products have paid for it or ``build_block_copy`` made it (``block_copy.py``),
+        else None."""
+        copy = self._block_copy
+        return copy.operator if copy is not None else None
+
+    def build_block_copy(self):
+        """Make the block copy now rather than once block products have paid for it
+        (see ``block_copy``), and return its operator; None where this operator
+        multiplies blocks itself (its format has block kernels, it was tuned for
+        blocks, ``block_copy=False``) or the copy could not be made."""
+        with self._lock:
+            copy = self._blocks_for(2, now=True)
+            return copy.operator if copy is not None else None
+
+    def _blocks_for(self, k, now=False):
+        """The block copy for a product of ``k`` vectors (made now if the column path's
+        products have paid for it, ``block_copy.py``, or ``now``); None where the
+        operator multiplies this block itself: its block kernels, or column by column
+        (the copy not paid for yet or not possible, tuned for blocks, not wanted)."""
+        if not wants_copy(self, k):
+            return None
+        copy = self._block_copy
+        if copy is None and self._block_copy_error is None:
+            if not now:
+                self._block_rent += saved_seconds(self, k)
+                if self._block_rent < copy_seconds(self):
+                    return None
+            try:
+                copy = BlockCopy(self, type(self))
+            except (PySpMVError, cl.Error, MemoryError) as exc:
+                # E.g. no device memory for a second matrix: column by column instead.
+                self._block_copy_error = f"{type(exc).__name__}: {exc}"
+                return None
+            if not copy.usable:
+                self._block_copy_error = "the copy has no block kernels either"
+                return None
+            self._block_copy = copy
+        return copy
 
     @property
     def has_block_kernels(self) -> bool:
@@ -609,6 +674,9 @@ class SpMV:
             self._check_out(out, expected)
         if x.ndim == 2 and x.shape[1] != 1 and self.has_block_kernels:
             return self._matmat_host(x, out, alpha, beta, result_dtype)
+        copy = self._blocks_for(x.shape[1]) if x.ndim == 2 else None
+        if copy is not None:
+            return copy.operator._matvec_host(x, out, alpha, beta)
         if x.ndim == 2 and x.shape[1] != 1:
             if out is not None and np.may_share_memory(x, out):
                 # Column j of out is written before column j + 1 of x is read: a view
@@ -689,6 +757,11 @@ class SpMV:
         block of ``block`` vectors (block kernels, else column by column)."""
         if block is None or self._impl.has_block_kernels:
             return self._launch(x_buf, y_buf, alpha, beta, wait_for=wait_for, block=block)
+        copy = self._blocks_for(block)
+        if copy is not None:   # (the copy's own staging and order; always under our lock)
+            return copy.operator._launch(x_buf, y_buf, alpha, beta,
+                                         wait_for=self._after_previous(wait_for),
+                                         block=block)
         return self._device_columns(x_buf, y_buf, block, alpha, beta, wait_for)
 
     def _matvec_device(self, x, out, alpha, beta):
@@ -880,6 +953,8 @@ class SpMV:
         if self._updater is None or self._updater.fmt is not self._impl:
             self._updater = ValueUpdater(self._impl, self._structure)
         self._updater.update(self.queue, data)
+        if self._block_copy is not None:
+            self._block_copy.update_values(data)
         if self._transposed is not None:
             self._transposed.update_values(data)
         elif self._updater.layout is None:   # no map to read them back with later

@@ -70,7 +70,7 @@ def test_transpose_offsets_and_leading_dimensions(device, dtype, rng):
 def test_block_products_through_the_column_path(device, fmt, k, dtype, rng):
     skip_without_fp64(device, dtype)
     A = generators.random_uniform(150, 130, 6, seed=int(rng.integers(99)))
-    op = psc.SpMV(A, format=fmt, dtype=dtype, device=device)
+    op = psc.SpMV(A, format=fmt, dtype=dtype, device=device, block_copy=False)
     assert not op.has_block_kernels
     queue = op.queue
     X = rng.standard_normal((130, k))
@@ -101,7 +101,15 @@ def test_column_path_on_an_out_of_order_queue(rng):
     except cl.Error:
         pytest.skip("no out-of-order queues")
     A = generators.random_uniform(200, 180, 5, seed=1)
-    op = psc.SpMV(A, format="coo", dtype=np.float32, device=queue)
+    for block_copy in (False, True):   # column by column, and the block copy's kernels
+        op = psc.SpMV(A, format="coo", dtype=np.float32, device=queue,
+                      block_copy=block_copy)
+        op.build_block_copy()
+        _products_in_turn(op, queue, rng, A)
+        assert (op.block_copy is not None) == block_copy
+
+
+def _products_in_turn(op, queue, rng, A):
     X = rng.standard_normal((180, 5))
     X_d = cla.to_device(queue, X.astype(np.float32))
     Ys = [cla.to_device(queue, np.full((200, 5), np.nan, np.float32)) for _ in range(3)]

@@ -15,7 +15,7 @@ LAYERS = [
      "host_arrays", "host_buffers", "device", "inputs", "device_inputs"},
     {"formats"},
     {"tuning"},
-    {"matrix", "adjoint"},
+    {"matrix", "adjoint", "block_copy"},
     {"distributed"},
     {"__init__", "__main__", "cli", "bench"},
 ]

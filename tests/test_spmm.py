@@ -99,10 +99,12 @@ def test_block_kernels_against_scipy(device, variant):
         check(Yd.get(), A, X, dtype, 0.5, 2.0, Y0)
 
 
+@pytest.mark.parametrize("block_copy", [False, True])
 @pytest.mark.parametrize("fmt", sorted(set(psc.formats()) - BLOCK_FORMATS))
-def test_formats_without_block_kernels(device, fmt):
-    """The column loop: host C/F order with alpha/beta, device arrays (a column copy
-    on the device per vector)."""
+def test_formats_without_block_kernels(device, fmt, block_copy):
+    """The column loop (``block_copy=False``: host C/F order with alpha/beta, device
+    arrays through the transposes), and the CSR copy with block kernels that the first
+    block product makes otherwise."""
     dtype = np.float64
     skip_without_fp64(device, dtype)
     rng = np.random.default_rng()
@@ -110,8 +112,10 @@ def test_formats_without_block_kernels(device, fmt):
     params = {"max_padding": float("inf")} if fmt == "ellr-t" else {}
     if fmt == "dia":
         params = {"max_fill": float("inf"), "max_diagonals": 10**9}
-    op = psc.SpMV(A, fmt, dtype=dtype, device=device, **params)
-    assert not op.has_block_kernels
+    op = psc.SpMV(A, fmt, dtype=dtype, device=device, block_copy=block_copy, **params)
+    assert not op.has_block_kernels and op.block_copy is None
+    if block_copy:   # made now, not once block products have paid for it
+        op.build_block_copy()
     for k in (3, 7):
         X = rng.standard_normal((88, k))
         check(op @ np.asfortranarray(X), A, X, dtype)
@@ -122,6 +126,11 @@ def test_formats_without_block_kernels(device, fmt):
         check(op.matmat(Xd, out=Yd, alpha=-1.0).get(), A, X, dtype, -1.0)
         Yd = cla.to_device(op.queue, Y0)
         check(op.matmat(Xd, out=Yd, alpha=0.5, beta=-1.0).get(), A, X, dtype, 0.5, -1.0, Y0)
+    if block_copy:
+        assert op.block_copy.format == "csr-scalar" and op.block_copy.has_block_kernels
+        assert op.nbytes_parts["blocks"] == op.block_copy.nbytes > 0
+    else:
+        assert op.block_copy is None and op.nbytes_parts["blocks"] == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
