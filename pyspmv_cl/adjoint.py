@@ -89,6 +89,9 @@ def current_values(op) -> np.ndarray:
     if updater is not None and updater.fmt is impl:
         layout = updater.layout
     else:
+        direct = impl.values_in_csr_order(op.queue)   # no slot map needed
+        if direct is not None:
+            return direct.astype(op.dtype, copy=False)
         layout = _layout(impl, op._structure)
     if layout is not None:
         return read_values(impl, op._structure, layout, op.queue)

@@ -12,8 +12,11 @@ the matrix as CSR (the pattern given at construction and the values the operator
 holds, read back through ``update_values``' slot map) in ``csr-scalar``, whose block
 kernels read the matrix once per block (the lanes kernels on GPUs, the items kernels
 on CPUs).  On an H200 at 20M non-zeros that made blocks of 8 and 32 vectors 1.3-8.5x
-faster; but the copy costs a host pass to find where the format keeps each value, the
-read-back and an upload: 0.6-0.9 s there (0.1-0.4 s per 4M non-zeros on a 2-core VM).
+faster; but the copy costs the read-back of the values and an upload, and for most
+formats a host pass to find where the format keeps each value (``update_values``'
+slot map): 0.6-0.9 s there through the slot map; csr5 and coo read their values back
+in CSR order without one (``values_in_csr_order``: 0.43 -> 0.03 s and 0.09 -> 0.02 s
+at 4M non-zeros on a 2-core VM).
 
 When: the ski-rental rule of online tuning.  Every block product that runs column by
 column "rents": it pays what the copy would have saved it, guessed from its bytes
@@ -45,8 +48,12 @@ from .adjoint import current_values
 #: beyond the CSR arrays.
 BLOCK_FORMAT = "csr-scalar"
 #: What building the copy costs, seconds per million non-zeros: 0.031-0.046 on an
-#: H200's host (csr5 and coo, 20M non-zeros), 0.023-0.1 on a 2-core VM (coo, csr5).
+#: H200's host (csr5 and coo, 20M non-zeros, through the slot map), 0.023-0.1 on a
+#: 2-core VM (coo, csr5); for a format that reads its values back in CSR order without
+#: a slot map (``values_in_order``: csr5, coo), 0.0043-0.011 on the H200's host and
+#: 0.005-0.008 on that VM.
 COPY_SECONDS_PER_MNNZ = 0.05
+COPY_SECONDS_PER_MNNZ_IN_ORDER = 0.006
 #: What the copy saves a block product of k vectors, in products: on an H200 (20M
 #: non-zeros, csr5 and coo) 0.7-0.97 k on cage10 and astro-ph, 0.32 k (k = 8) and 0.83 k
 #: (k = 32) on rajat01, whose long rows slow csr-scalar's lanes kernel.
@@ -67,7 +74,9 @@ def wants_copy(op, k: int) -> bool:
 
 def copy_seconds(op) -> float:
     """What building the copy is guessed to cost the caller."""
-    return COPY_SECONDS_PER_MNNZ * op._structure_source.nnz / 1e6
+    rate = COPY_SECONDS_PER_MNNZ_IN_ORDER if op._impl.values_in_order \
+        else COPY_SECONDS_PER_MNNZ
+    return rate * op._structure_source.nnz / 1e6
 
 
 def saved_seconds(op, k: int) -> float:

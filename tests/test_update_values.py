@@ -153,3 +153,45 @@ def test_update_values_without_a_map_reconverts_the_values(device, rng, monkeypa
         B = with_values(A, data)
         x = rng.standard_normal(A.shape[1])
         assert_close(op @ x, reference(B, x), B, x, np.float64)
+
+
+@pytest.mark.parametrize("fmt, params", [
+    ("csr5", {}), ("csr5", {"omega": 4, "sigma": 3}), ("coo", {"layout": "contiguous"}),
+    ("coo", {"layout": "interleaved", "work_group_size": 8, "items_per_thread": 3})],
+    ids=["csr5", "csr5-4x3", "coo-contiguous", "coo-interleaved"])
+@pytest.mark.parametrize("case", ["duplicates_csr", "unsorted_indices", "empty_rows",
+                                  "explicit_zeros", "power_law"])
+def test_values_read_without_a_slot_map(fmt, params, case, device, rng):
+    """Formats that know their values' order read them back in CSR order directly
+    (the transposed and block copies use it): the same values the slot map reads,
+    before and after update_values, for a host and a device CSR."""
+    from pyspmv_cl.adjoint import read_values
+    from pyspmv_cl.formats.values import _layout
+    A = sp.csr_matrix(CASES[case](rng) if callable(CASES[case]) else CASES[case])
+    dtype = np.float64 if device.fp64 else np.float32
+    triple = tuple(cla.to_device(device.queue, a) for a in
+                   (A.data.astype(dtype), A.indices.astype(np.int32),
+                    A.indptr.astype(np.int32)))
+    for source, kwargs in ((A, {}), (triple, {"shape": A.shape})):
+        op = psc.SpMV(source, format=fmt, dtype=dtype, device=device, **kwargs, **params)
+        for step in range(2):
+            impl = op._impl
+            direct = impl.values_in_csr_order(op.queue)
+            assert direct is not None and direct.shape == (A.nnz,)
+            mapped = read_values(impl, op._structure, _layout(impl, op._structure),
+                                 op.queue)
+            np.testing.assert_array_equal(direct, mapped)
+            if step == 0:
+                op.update_values(rng.standard_normal(A.nnz))
+
+
+def test_formats_say_whether_they_read_values_in_order(device, rng):
+    """values_in_order (what the block copy's cost guess reads) says which formats
+    answer values_in_csr_order."""
+    A = sp.csr_matrix(CASES["power_law"](rng))
+    for fmt in psc.formats():
+        op = make_operator(A, fmt, dtype=np.float32, device=device)
+        if op is None:
+            continue
+        got = op._impl.values_in_csr_order(op.queue)
+        assert (got is not None) == type(op._impl).values_in_order, fmt

@@ -346,6 +346,8 @@ class SpMVFormat:
     #: Whether the host conversion only casts the CSR arrays (the CSR kernels): as
     #: cheap as an upload, never worth deferring.
     host_conversion_is_cast: typing.ClassVar[bool] = False
+    #: Whether ``values_in_csr_order`` reads the values back without a slot map.
+    values_in_order: typing.ClassVar[bool] = False
 
     def convert_device(self, csr: DeviceCSR) -> dict:
         """Like ``convert``, for a matrix on the device: pyopencl arrays made on the
@@ -624,6 +626,21 @@ class SpMVFormat:
         if finish:
             queue.finish()
         return event
+
+    def values_in_csr_order(self, queue):
+        """The values this operator computes with (``value_dtype``), in the CSR order of
+        the matrix it was built from, read straight from its arrays where the format
+        keeps them in an order known without a slot map; None otherwise.  The transposed
+        and block copies read the values this way when they can: the slot map's host
+        pass (``formats/values.py``) took most of their 0.6-0.9 s at 20M non-zeros."""
+        return None
+
+    def _read_values(self, queue, name, count):
+        """The first ``count`` values of the value array ``name`` (blocking)."""
+        host = np.empty(count, self.value_dtype)
+        if count:
+            cl.enqueue_copy(queue, host, self.buffers[name], is_blocking=True)
+        return host
 
     def read_csr(self, queue, wait_for=None):
         """``([indptr, indices, data], events)``: the matrix as CSR host arrays read

@@ -291,6 +291,7 @@ class COO(SpMVFormat):
     template = "coo.mako"
     converts_on_device = True
     host_input_on_device = True   # GPUs: the row expansion and layout on the device
+    values_in_order = True        # values_in_csr_order: the chunks' order undone
     params = (P.work_group_size(), ITEMS_PER_THREAD, LAYOUT, SCAN)
 
     @classmethod
@@ -328,6 +329,16 @@ class COO(SpMVFormat):
 
     def convert_device(self, csr):
         return self.part.device_arrays(csr)
+
+    def values_in_csr_order(self, queue):
+        """The values in CSR order: as stored (contiguous layout), or each chunk's
+        (item, work-item) order transposed back (interleaved), padding dropped."""
+        part = self.part
+        if self.params["layout"] != "interleaved" or not part.nnz:
+            return self._read_values(queue, "values", part.nnz)
+        wg, items = part.work_group_size, part.items_per_thread
+        stored = self._read_values(queue, "values", part.n_groups * part.chunk)
+        return stored.reshape(part.n_groups, items, wg).transpose(0, 2, 1).ravel()[:part.nnz]
 
     def scratch_sizes(self):
         return self.part.scratch_sizes()
