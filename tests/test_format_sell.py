@@ -430,25 +430,34 @@ def shared_read_back_offsets(device, A, C, sigma):
     return arrays["col_off"][:int(read_back(op)["slice_ptr"][-1])]
 
 
+def one_slice_spanning(rng, span, n):
+    """A sparse 64 x n matrix whose rows 0-3 (one slice of 4, sigma=1) hold just two
+    entries, ``span`` columns apart: a random entry there could widen the span past
+    the limit (seed 496466800 put one at column 65542)."""
+    from matrix_cases import random_csr
+    A = random_csr(rng, 64, n, 0.0001).tolil()
+    A[0:4, :] = 0
+    A[3, 5] = 1.0
+    A[3, 5 + span] = 2.0
+    return A.tocsr()
+
+
+def host_and_device(A, device):
+    """``(source, kwargs)`` for SpMV: the host CSR, and the same CSR on the device."""
+    import pyopencl.array as cla
+    triple = tuple(cla.to_device(device.queue, a) for a in
+                   (A.data.astype(np.float32), A.indices.astype(np.int32),
+                    A.indptr.astype(np.int32)))
+    return ((A, {}), (triple, {"shape": A.shape}))
+
+
 def test_16_bit_columns_refuse_a_wide_slice(device, rng):
     """A slice spanning 0xFFFF columns or more is refused clearly, on the host and on
     the device (a device CSR converts there); one column less fits."""
-    import pyopencl.array as cla
-    from matrix_cases import random_csr
-
     n = PAD_OFFSET + 10
     for span, fits in ((PAD_OFFSET - 1, True), (PAD_OFFSET, False)):
-        A = random_csr(rng, 64, n, 0.0001).tolil()
-        # Row 3's slice (rows 0-3) holds only these two entries: a random one there
-        # could widen the span past the limit (seed 496466800 put one at column 65542).
-        A[0:4, :] = 0
-        A[3, 5] = 1.0
-        A[3, 5 + span] = 2.0
-        A = A.tocsr()
-        triple = tuple(cla.to_device(device.queue, a) for a in
-                       (A.data.astype(np.float32), A.indices.astype(np.int32),
-                        A.indptr.astype(np.int32)))
-        for source, kwargs in ((A, {}), (triple, {"shape": A.shape})):
+        A = one_slice_spanning(rng, span, n)
+        for source, kwargs in host_and_device(A, device):
             args = dict(format="sell", dtype=np.float32, device=device, sigma=1,
                         slice_height=4, col_bits=16, **kwargs)
             if fits:
@@ -464,20 +473,10 @@ def test_auto_column_bits_take_16_where_slices_fit(device, rng):
     """col_bits="auto": 16 bits where every slice fits (a host and a device CSR), 32
     where one slice spans too much (the kernels built again for 32 bits); products
     right either way, with blocks, update_values and a transposed product."""
-    import pyopencl.array as cla
-    from matrix_cases import random_csr
-
     n = PAD_OFFSET + 10
     for span, bits in ((PAD_OFFSET - 1, 16), (PAD_OFFSET, 32)):
-        A = random_csr(rng, 64, n, 0.0001).tolil()
-        A[0:4, :] = 0             # row 3's slice (rows 0-3) holds just these two
-        A[3, 5] = 1.0
-        A[3, 5 + span] = 2.0
-        A = A.tocsr()
-        triple = tuple(cla.to_device(device.queue, a) for a in
-                       (A.data.astype(np.float32), A.indices.astype(np.int32),
-                        A.indptr.astype(np.int32)))
-        for source, kwargs in ((A, {}), (triple, {"shape": A.shape})):
+        A = one_slice_spanning(rng, span, n)
+        for source, kwargs in host_and_device(A, device):
             op = psc.SpMV(source, format="sell", dtype=np.float32, device=device,
                           sigma=1, slice_height=4, col_bits="auto", **kwargs)
             assert op.params["col_bits"] == bits
