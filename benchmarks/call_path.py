@@ -7,6 +7,8 @@ round every contender runs ``--calls`` calls in turn.  Medians over all calls:
 
 - ``ours``: ``op @ x`` with host arrays, the library's default path (on a device that
   computes in host memory the kernels use the numpy arrays in place);
+- ``ours-wait``: the same without polling the event before waiting on it (what
+  ``ours`` did before ``host_buffers.spin_seconds``; the same where it does not poll);
 - ``ours-copy``: the same through device buffers (``op._host_mode = "copy"``: the path
   before the in-place one, and still the path of discrete GPUs);
 - ``device``: ``op.matvec(x_dev, out=y_dev)`` then ``queue.finish()``;
@@ -73,9 +75,16 @@ def measure(label, A, dtype, args, peers, rng):
     q = op.queue
     x_dev, y_dev = cla.to_device(q, x), cla.empty(q, A.shape[0], op.dtype)
     default_mode = op._host_mode
+    spin = op._host_spin
 
     def ours():
         op._host_mode = default_mode
+        op.__dict__["_host_spin"] = spin
+        return op @ x
+
+    def ours_wait():   # without polling the event first (host_buffers.spin_seconds)
+        op._host_mode = default_mode
+        op.__dict__["_host_spin"] = 0.0
         return op @ x
 
     def ours_copy():
@@ -87,7 +96,8 @@ def measure(label, A, dtype, args, peers, rng):
         q.finish()
         return y_dev   # .get() in the check only
 
-    contenders = {"ours": ours, "ours-copy": ours_copy, "device": device}
+    contenders = {"ours": ours, "ours-wait": ours_wait, "ours-copy": ours_copy,
+                  "device": device}
     for peer in peers:
         f = peer.prepare(A, dtype)
         contenders[peer.name.replace("-csr", "")] = (lambda f=f: f(x))
@@ -109,7 +119,8 @@ def measure(label, A, dtype, args, peers, rng):
                 samples[name].append(time.perf_counter() - t)
         samples["kernel"] += [kernel_seconds(op, x_dev, y_dev) for _ in range(args.calls)]
     op._host_mode = default_mode
-    row = {"matrix": label, "dtype": np.dtype(dtype).name, "nnz": int(A.nnz),
+    op.__dict__["_host_spin"] = spin
+    row = {"matrix": label, "spin_us": spin * 1e6, "dtype": np.dtype(dtype).name, "nnz": int(A.nnz),
            "format": op.format, "host_mode": default_mode, "setup_s": setup,
            "device": op.device.cl_device.name.strip()}
     for name, values in samples.items():
@@ -145,7 +156,8 @@ def main(argv=None):
             best = min(row.get("torch_us", np.inf), row.get("scipy_us", np.inf))
             print(f"{label:24s} {row['dtype']:8s} {row['format']:11s} "
                   f"{row['device'].split('-')[0]:8s}"
-                  f"ours {row['ours_us']:8.0f}  copy {row['ours-copy_us']:8.0f}  "
+                  f"ours {row['ours_us']:8.0f}  wait {row['ours-wait_us']:8.0f}  "
+                  f"copy {row['ours-copy_us']:8.0f}  "
                   f"device {row['device_us']:8.0f}  kernel {row['kernel_us']:8.0f}  "
                   f"torch {row.get('torch_us', float('nan')):8.0f}  "
                   f"scipy {row.get('scipy_us', float('nan')):8.0f}  "

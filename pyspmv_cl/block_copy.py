@@ -44,6 +44,9 @@ import numpy as np
 
 from .adjoint import current_values
 
+# A product's time guessed from its bytes, as online tuning guesses it.
+from .tuning.online import CPU_BYTES_PER_SECOND, GPU_BYTES_PER_SECOND
+
 #: The format of the copy: block kernels on every device and value type, no conversion
 #: beyond the CSR arrays.
 BLOCK_FORMAT = "csr-scalar"
@@ -58,9 +61,6 @@ COPY_SECONDS_PER_MNNZ_IN_ORDER = 0.006
 #: non-zeros, csr5 and coo) 0.7-0.97 k on cage10 and astro-ph, 0.32 k (k = 8) and 0.83 k
 #: (k = 32) on rajat01, whose long rows slow csr-scalar's lanes kernel.
 SAVED_SHARE = 0.75
-#: Bytes per second of a product, to guess its time from its bytes (online tuning's).
-GPU_BYTES_PER_SECOND = 2e12
-CPU_BYTES_PER_SECOND = 20e9
 
 
 def wants_copy(op, k: int) -> bool:

@@ -17,7 +17,7 @@ from .adjoint import (
     rmatmul,
 )
 from .block_copy import BlockCopy, copy_seconds, saved_seconds, wants_copy
-from .device import get_device
+from .device import get_device, runs_in_calling_thread
 from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import (
     DeviceCapabilityError,
@@ -33,9 +33,10 @@ from .formats.base import instantiate
 from .formats.columns import ColumnPath, StagingBlocks, columns_product
 from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
-from .host_buffers import COPY, host_buffer, wait_and_read
+from .host_buffers import COPY, host_buffer, spin_seconds, wait_and_read
 from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
 from .launching import in_order
+from .tuning.online import CPU_BYTES_PER_SECOND
 from .tuning.tuner import select
 
 
@@ -375,6 +376,18 @@ class SpMV:
         return check_scalar(name, value, complex_ok=self.is_complex)
 
     @functools.cached_property
+    def _host_spin(self) -> float:
+        """Seconds a host product polls its event before waiting on it
+        (``host_buffers.spin_seconds``): on CPU devices whose kernels run on worker
+        threads, for products guessed short from their bytes."""
+        if not self.device.profile.is_cpu or runs_in_calling_thread(self.device):
+            return 0.0
+        m, n = self.shape
+        item = self.dtype.itemsize
+        nbytes = self._structure_source.nnz * (item + 4) + (m + n) * item
+        return spin_seconds(nbytes / CPU_BYTES_PER_SECOND)
+
+    @functools.cached_property
     def is_complex(self) -> bool:
         """Whether the operator's values are complex (complex64/complex128)."""
         return is_complex(self.dtype)
@@ -627,7 +640,8 @@ class SpMV:
                  else self._staging_buffer("x", 0))
         y_buf = host_buffer(context, y_host, writable=True)
         event = self._launch(x_buf, y_buf, alpha, beta, block=block)
-        wait_and_read(self.queue, y_buf, y_host, event, self._host_mode)
+        wait_and_read(self.queue, y_buf, y_host, event, self._host_mode,
+                      spin=self._host_spin if block is None else 0.0)
         if not direct:
             target[...] = y_host
 

@@ -165,3 +165,42 @@ def test_probe_modes(device):
         host_unified_memory = 0
 
     assert in_place_mode(device.context, Discrete(), device.queue) == COPY
+
+
+def test_short_products_poll_their_event(device, rng, monkeypatch):
+    """On a CPU device with worker threads (PoCL pthread) a host product guessed short
+    polls its event before waiting (host_buffers.spin_seconds); a long one, a device
+    running kernels in the caller's thread and a GPU just wait.  Results are the
+    same whichever way the wait ends: a poll that runs out (one microsecond) or one
+    that outlasts the product."""
+    from pyspmv_cl import host_buffers
+    from pyspmv_cl.device import runs_in_calling_thread
+    assert host_buffers.spin_seconds(0.0) == 0.0
+    assert host_buffers.spin_seconds(host_buffers.SPIN_MAX_GUESS * 1.01) == 0.0
+    assert host_buffers.spin_seconds(100e-6) == pytest.approx(
+        200e-6 + host_buffers.SPIN_WAKE_ALLOWANCE)
+    A = random_csr(rng, 300, 200, 0.02)
+    op = operator(A, "sell", device, "direct")
+    polls = device.profile.is_cpu and not runs_in_calling_thread(device)
+    assert (op._host_spin > 0) == polls
+    gpu = make_operator(A, "sell", dtype=np.float32,
+                        device=device.override(device_type="gpu"))
+    assert gpu._host_spin == 0.0
+    waits = []
+    original = host_buffers.wait_and_read
+
+    def spy(queue, buf, array, event, mode, spin=0.0):
+        waits.append(spin)
+        return original(queue, buf, array, event, mode, spin)
+    monkeypatch.setattr(matrix_module, "wait_and_read", spy)
+    for spin in (1e-6, 0.5):
+        op.__dict__["_host_spin"] = spin
+        x = rng.standard_normal(200).astype(np.float32)
+        out = poisoned(300, np.float32)
+        assert op.matvec(x, out=out) is out
+        check_against_scipy(out, A, x, np.float32)
+        X = rng.standard_normal((200, 3)).astype(np.float32)
+        Y = op @ X                      # blocks just wait
+        for j in range(3):
+            check_against_scipy(Y[:, j], A, X[:, j], np.float32)
+    assert waits == [1e-6, 0.0, 0.5, 0.0]
