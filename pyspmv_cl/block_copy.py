@@ -66,7 +66,8 @@ SAVED_SHARE = 0.75
 def wants_copy(op, k: int) -> bool:
     """Whether a product of ``k`` vectors should run on the block copy: the operator's
     format has no block kernels, and the caller did not tune for blocks."""
-    if k < 2 or not op._allow_block_copy or op._impl.has_block_kernels:
+    if k < 2 or not op._allow_block_copy or op._impl.has_block_kernels \
+            or not op._structure_source.nnz:   # no entries: nothing to read twice
         return False
     tuning = op.tuning
     return tuning is None or (tuning.block_size or 1) == 1

@@ -144,6 +144,8 @@ def test_column_by_column_when_asked_or_tuned_for_blocks(device, rng, monkeypatc
     assert op.block_copy is None
     op.tuning = types.SimpleNamespace(block_size=1)
     assert block_copy.wants_copy(op, 3) and not block_copy.wants_copy(op, 1)
+    empty = psc.SpMV(A[:0], format="coo", dtype=np.float32, device=device)
+    assert empty.matmat(X).shape == (0, 3) and empty.block_copy is None
     with pytest.raises(psc.InvalidInputError, match="block_copy must be True or False"):
         psc.SpMV(A, format="coo", device=device, block_copy="yes")
 
