@@ -89,7 +89,7 @@ def current_values(op) -> np.ndarray:
     if updater is not None and updater.fmt is impl:
         layout = updater.layout
     else:
-        direct = impl.values_in_csr_order(op.queue)   # no slot map needed
+        direct = impl.values_in_csr_order(op.queue, op._structure[1])   # no slot map
         if direct is not None:
             return direct.astype(op.dtype, copy=False)
         layout = _layout(impl, op._structure)

@@ -52,9 +52,9 @@ from .tuning.online import CPU_BYTES_PER_SECOND, GPU_BYTES_PER_SECOND
 BLOCK_FORMAT = "csr-scalar"
 #: What building the copy costs, seconds per million non-zeros: 0.031-0.046 on an
 #: H200's host (csr5 and coo, 20M non-zeros, through the slot map), 0.023-0.1 on a
-#: 2-core VM (coo, csr5); for a format that reads its values back in CSR order without
-#: a slot map (``values_in_order``: csr5, coo), 0.0043-0.011 on the H200's host and
-#: 0.005-0.008 on that VM.
+#: 2-core VM (coo, csr5); for a format whose values come back by a reshape
+#: (``value_read == "reshape"``: csr5, coo), 0.0043-0.011 on the H200's host and
+#: 0.005-0.008 on that VM.  A gather (ellr-t) took 0.03 on that VM: the first rate.
 COPY_SECONDS_PER_MNNZ = 0.05
 COPY_SECONDS_PER_MNNZ_IN_ORDER = 0.006
 #: What the copy saves a block product of k vectors, in products: on an H200 (20M
@@ -75,7 +75,7 @@ def wants_copy(op, k: int) -> bool:
 
 def copy_seconds(op) -> float:
     """What building the copy is guessed to cost the caller."""
-    rate = COPY_SECONDS_PER_MNNZ_IN_ORDER if op._impl.values_in_order \
+    rate = COPY_SECONDS_PER_MNNZ_IN_ORDER if op._impl.value_read == "reshape" \
         else COPY_SECONDS_PER_MNNZ
     return rate * op._structure_source.nnz / 1e6
 

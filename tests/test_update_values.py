@@ -157,8 +157,11 @@ def test_update_values_without_a_map_reconverts_the_values(device, rng, monkeypa
 
 @pytest.mark.parametrize("fmt, params", [
     ("csr5", {}), ("csr5", {"omega": 4, "sigma": 3}), ("coo", {"layout": "contiguous"}),
-    ("coo", {"layout": "interleaved", "work_group_size": 8, "items_per_thread": 3})],
-    ids=["csr5", "csr5-4x3", "coo-contiguous", "coo-interleaved"])
+    ("coo", {"layout": "interleaved", "work_group_size": 8, "items_per_thread": 3}),
+    ("ell", {"max_padding": float("inf")}), ("ellr-t", {"max_padding": float("inf")}),
+    ("ellr-t", {"T": 4, "work_group_size": 64, "max_padding": float("inf")})],
+    ids=["csr5", "csr5-4x3", "coo-contiguous", "coo-interleaved", "ell", "ellr-t",
+         "ellr-t-4"])
 @pytest.mark.parametrize("case", ["duplicates_csr", "unsorted_indices", "empty_rows",
                                   "explicit_zeros", "power_law"])
 def test_values_read_without_a_slot_map(fmt, params, case, device, rng):
@@ -176,7 +179,7 @@ def test_values_read_without_a_slot_map(fmt, params, case, device, rng):
         op = psc.SpMV(source, format=fmt, dtype=dtype, device=device, **kwargs, **params)
         for step in range(2):
             impl = op._impl
-            direct = impl.values_in_csr_order(op.queue)
+            direct = impl.values_in_csr_order(op.queue, op._structure[1])
             assert direct is not None and direct.shape == (A.nnz,)
             mapped = read_values(impl, op._structure, _layout(impl, op._structure),
                                  op.queue)
@@ -185,13 +188,13 @@ def test_values_read_without_a_slot_map(fmt, params, case, device, rng):
                 op.update_values(rng.standard_normal(A.nnz))
 
 
-def test_formats_say_whether_they_read_values_in_order(device, rng):
-    """values_in_order (what the block copy's cost guess reads) says which formats
-    answer values_in_csr_order."""
+def test_formats_say_how_they_read_values(device, rng):
+    """value_read (what the block copy's cost guess reads) says which formats answer
+    values_in_csr_order ("gather", "reshape") and which need the slot map ("map")."""
     A = sp.csr_matrix(CASES["power_law"](rng))
     for fmt in psc.formats():
         op = make_operator(A, fmt, dtype=np.float32, device=device)
         if op is None:
             continue
-        got = op._impl.values_in_csr_order(op.queue)
-        assert (got is not None) == type(op._impl).values_in_order, fmt
+        got = op._impl.values_in_csr_order(op.queue, op._structure[1])
+        assert (got is not None) == (type(op._impl).value_read != "map"), fmt

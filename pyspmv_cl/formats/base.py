@@ -346,8 +346,10 @@ class SpMVFormat:
     #: Whether the host conversion only casts the CSR arrays (the CSR kernels): as
     #: cheap as an upload, never worth deferring.
     host_conversion_is_cast: typing.ClassVar[bool] = False
-    #: Whether ``values_in_csr_order`` reads the values back without a slot map.
-    values_in_order: typing.ClassVar[bool] = False
+    #: How ``values_in_csr_order`` reads the values back: "map" (it cannot: the slot
+    #: map of update_values, a host pass), "gather" (positions computed from the row
+    #: pointers, then a gather) or "reshape" (a reshape of the arrays read, cheapest).
+    value_read: typing.ClassVar[str] = "map"
 
     def convert_device(self, csr: DeviceCSR) -> dict:
         """Like ``convert``, for a matrix on the device: pyopencl arrays made on the
@@ -627,10 +629,11 @@ class SpMVFormat:
             queue.finish()
         return event
 
-    def values_in_csr_order(self, queue):
+    def values_in_csr_order(self, queue, indptr):
         """The values this operator computes with (``value_dtype``), in the CSR order of
-        the matrix it was built from, read straight from its arrays where the format
-        keeps them in an order known without a slot map; None otherwise.  The transposed
+        the matrix it was built from (``indptr``: its row pointers, on the host), read
+        straight from its arrays where the format keeps them in an order known without
+        a slot map; None otherwise.  The transposed
         and block copies read the values this way when they can: the slot map's host
         pass (``formats/values.py``) took most of their 0.6-0.9 s at 20M non-zeros."""
         return None

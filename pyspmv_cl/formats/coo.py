@@ -291,7 +291,7 @@ class COO(SpMVFormat):
     template = "coo.mako"
     converts_on_device = True
     host_input_on_device = True   # GPUs: the row expansion and layout on the device
-    values_in_order = True        # values_in_csr_order: the chunks' order undone
+    value_read = "reshape"        # values_in_csr_order: the chunks' order undone
     params = (P.work_group_size(), ITEMS_PER_THREAD, LAYOUT, SCAN)
 
     @classmethod
@@ -330,7 +330,7 @@ class COO(SpMVFormat):
     def convert_device(self, csr):
         return self.part.device_arrays(csr)
 
-    def values_in_csr_order(self, queue):
+    def values_in_csr_order(self, queue, indptr):
         """The values in CSR order: as stored (contiguous layout), or each chunk's
         (item, work-item) order transposed back (interleaved), padding dropped."""
         part = self.part

@@ -295,7 +295,7 @@ class CSR5(SpMVFormat):
     template = "csr5.mako"
     converts_on_device = True
     host_input_on_device = True   # GPUs: upload the CSR, lay the tiles out there
-    values_in_order = True        # values_in_csr_order: the tiles transposed back
+    value_read = "reshape"        # values_in_csr_order: the tiles transposed back
     params = (
         P.Param("omega", P.integer(1, MAX_OMEGA, power_of_two=True),
                 "tile width: work-items per tile (a power of two)"),
@@ -674,7 +674,7 @@ class CSR5(SpMVFormat):
         size = self.n_full_tiles * self.dtype.itemsize
         return {"head": size, "tail": size}
 
-    def values_in_csr_order(self, queue):
+    def values_in_csr_order(self, queue, indptr):
         """The values, tiles transposed back (``untranspose_tiles``)."""
         omega, sigma = self.params["omega"], self.params["sigma"]
         return untranspose_tiles(self._read_values(queue, "values", self.nnz), omega, sigma)

@@ -83,10 +83,15 @@ def ell_stride(n_rows, row_align):
 
 def row_slots(csr):
     """(row, position within the row) of every stored entry, vectorised."""
-    lengths = np.diff(csr.indptr).astype(np.int64)
-    rows = host_arrays.entry_rows(csr.indptr)
-    position = np.arange(rows.size, dtype=np.int64) - (csr.indptr[:-1].astype(np.int64)[rows]
-                                                       - int(csr.indptr[0]))
+    return indptr_slots(csr.indptr)
+
+
+def indptr_slots(indptr):
+    """:func:`row_slots` from the row pointers alone."""
+    lengths = np.diff(indptr).astype(np.int64)
+    rows = host_arrays.entry_rows(indptr)
+    position = np.arange(rows.size, dtype=np.int64) - (np.asarray(indptr[:-1], np.int64)[rows]
+                                                       - int(indptr[0]))
     return rows, position, lengths
 
 
@@ -167,6 +172,7 @@ class ELL(LanesBlocks, SpMVFormat):
     may_refuse = True
     converts_on_device = True
     host_input_on_device = True   # GPUs: 20M non-zeros, 0.47 s on the H200's host
+    value_read = "gather"         # values_in_csr_order: slot j * stride + i
     block_widths = BLOCK_WIDTHS
     block_template = "ell_block.mako"
 
@@ -210,6 +216,12 @@ class ELL(LanesBlocks, SpMVFormat):
         col_idx, values = ell_device.scatter(self, csr, self.width * self.stride,
                                              self.stride)
         return {"col_idx": col_idx, "values": values}
+
+    def values_in_csr_order(self, queue, indptr):
+        """Entry j of row i sits at slot j * stride + i."""
+        rows, position, _ = indptr_slots(indptr)
+        stored = self._read_values(queue, "values", self.width * self.stride)
+        return stored[position * self.stride + rows]
 
     def launches(self, beta):
         wg = self.params["work_group_size"]
