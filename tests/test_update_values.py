@@ -159,9 +159,11 @@ def test_update_values_without_a_map_reconverts_the_values(device, rng, monkeypa
     ("csr5", {}), ("csr5", {"omega": 4, "sigma": 3}), ("coo", {"layout": "contiguous"}),
     ("coo", {"layout": "interleaved", "work_group_size": 8, "items_per_thread": 3}),
     ("ell", {"max_padding": float("inf")}), ("ellr-t", {"max_padding": float("inf")}),
-    ("ellr-t", {"T": 4, "work_group_size": 64, "max_padding": float("inf")})],
+    ("ellr-t", {"T": 4, "work_group_size": 64, "max_padding": float("inf")}),
+    ("hyb", {}), ("hyb", {"ell_width": 2, "layout": "interleaved",
+                          "coo_work_group_size": 8, "items_per_thread": 3})],
     ids=["csr5", "csr5-4x3", "coo-contiguous", "coo-interleaved", "ell", "ellr-t",
-         "ellr-t-4"])
+         "ellr-t-4", "hyb", "hyb-2-interleaved"])
 @pytest.mark.parametrize("case", ["duplicates_csr", "unsorted_indices", "empty_rows",
                                   "explicit_zeros", "power_law"])
 def test_values_read_without_a_slot_map(fmt, params, case, device, rng):

@@ -255,6 +255,17 @@ class COOPart:
         del self.row_lengths
         return {self.prefix + k: v for k, v in out.items()}
 
+    def values_in_order(self, queue):
+        """This part's values in the order of its CSR: as stored (contiguous layout),
+        or each chunk's (item, work-item) order transposed back (interleaved), padding
+        dropped (``SpMVFormat.values_in_csr_order``)."""
+        owner, name = self.owner, self.prefix + "values"
+        if owner.params["layout"] != "interleaved" or not self.nnz:
+            return owner._read_values(queue, name, self.nnz)
+        wg, items = self.work_group_size, self.items_per_thread
+        stored = owner._read_values(queue, name, self.n_groups * self.chunk)
+        return stored.reshape(self.n_groups, items, wg).transpose(0, 2, 1).ravel()[:self.nnz]
+
     def scratch_sizes(self):
         """The two carries (row, value) per group, names prefixed."""
         n = 2 * self.n_groups
@@ -331,14 +342,7 @@ class COO(SpMVFormat):
         return self.part.device_arrays(csr)
 
     def values_in_csr_order(self, queue, indptr):
-        """The values in CSR order: as stored (contiguous layout), or each chunk's
-        (item, work-item) order transposed back (interleaved), padding dropped."""
-        part = self.part
-        if self.params["layout"] != "interleaved" or not part.nnz:
-            return self._read_values(queue, "values", part.nnz)
-        wg, items = part.work_group_size, part.items_per_thread
-        stored = self._read_values(queue, "values", part.n_groups * part.chunk)
-        return stored.reshape(part.n_groups, items, wg).transpose(0, 2, 1).ravel()[:part.nnz]
+        return self.part.values_in_order(queue)
 
     def scratch_sizes(self):
         return self.part.scratch_sizes()

@@ -29,7 +29,15 @@ from . import params as P
 from .base import SpMVFormat, csr_bytes, launch_rows
 from .builder import ProgramSpec
 from .coo import ITEMS_PER_THREAD, LAYOUT, SCAN, COOPart, check_chunk, default_coo_params
-from .ell import ELL, ELL_KERNEL, check_padding, ell_arrays, ell_layout, row_slots
+from .ell import (
+    ELL,
+    ELL_KERNEL,
+    check_padding,
+    ell_arrays,
+    ell_layout,
+    indptr_slots,
+    row_slots,
+)
 from .registry import register
 
 RELATIVE_SPEED = 3.0
@@ -90,6 +98,7 @@ class HYB(SpMVFormat):
     order = 7
     converts_on_device = True
     host_input_on_device = True   # GPUs: split and laid out on the device
+    value_read = "gather"         # values_in_csr_order: the ELL slots, then the COO part
     params = (
         P.Param("ell_width", P.optional(P.integer(0)),
                 "K, the ELL part's width (None: the Bell & Garland / CUSP rule)"),
@@ -178,6 +187,17 @@ class HYB(SpMVFormat):
                                              self.stride, limit=self.width)
         return {"ell_col_idx": col_idx, "ell_values": values,
                 **self.coo.device_arrays(csr, skip=self.width, part_indptr=self._coo_indptr)}
+
+    def values_in_csr_order(self, queue, indptr):
+        """A row's first K entries from the ELL part (slot j * stride + i), the rest, in
+        order, from the COO part."""
+        rows, position, _ = indptr_slots(indptr)
+        in_ell = position < self.width
+        out = np.empty(rows.size, self.value_dtype)
+        stored = self._read_values(queue, "ell_values", self.width * self.stride)
+        out[in_ell] = stored[position[in_ell] * self.stride + rows[in_ell]]
+        out[~in_ell] = self.coo.values_in_order(queue)
+        return out
 
     def scratch_sizes(self):
         return self.coo.scratch_sizes()
