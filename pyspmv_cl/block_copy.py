@@ -107,7 +107,7 @@ class BlockCopy:
         self.seconds = time.perf_counter() - start
         self.operator.explanation = (
             f"block copy of a {op.shape[0]}x{op.shape[1]} {op.format} operator (whose "
-            f"format has no block kernels), built on its first block product in "
+            f"format has no block kernels), built for its block products in "
             f"{self.seconds:.3f} s")
 
     @property

@@ -86,9 +86,10 @@ class SpMV:
         (1, 2-4, 5-8, 9-16, 17+; ``op.tuning.block_size`` says which k).
     block_copy : bool, default True
         Whether block products of a format without block kernels (coo, hyb, csr5,
-        bccoo, cmrs, ellr-t, dia) run on a CSR copy with block kernels, made by the
-        first one (``block_copy.py``: the memory of a second matrix), when the operator
-        was not tuned for blocks; ``False`` multiplies them column by column.
+        bccoo, cmrs, ellr-t, dia) run on a CSR copy with block kernels, made once the
+        block products run column by column have paid for it, or by
+        ``build_block_copy()`` (``block_copy.py``: the memory of a second matrix), when
+        the operator was not tuned for blocks; ``False`` keeps them column by column.
     **params
         Format parameters (e.g. ``vector_size=8``, ``work_group_size=128``,
         ``index_bits=64``); unknown names are refused.
@@ -103,7 +104,7 @@ class SpMV:
     ``build_time`` (seconds spent getting the compiled kernel: near zero from the
     kernel cache), ``T`` and ``H`` (A^T and A^H as operators; the same for real
     values), ``transposed`` (the operator of A^T once a transposed product made it),
-    ``block_copy`` (the CSR operator of block products, once one made it).
+    ``block_copy`` (the CSR operator of block products, once made).
 
     Result types follow numpy's promotion: ``op @ x`` has dtype
     ``numpy.result_type(op.dtype, x.dtype)`` (float64 for a float64 or int32/int64
@@ -219,8 +220,8 @@ class SpMV:
         """Device bytes by what they hold: ``matrix`` (the format's arrays and scratch),
         ``value_map`` (``update_values``' slot map, made by the first update) and
         ``transposed`` (the copy of A^T made by the first transposed product, its own
-        value map included) and ``blocks`` (the CSR copy made by the first block product
-        of a format without block kernels: ``block_copy``)."""
+        value map included) and ``blocks`` (the CSR copy behind the block products of a
+        format without block kernels, once made: ``block_copy``)."""
         updater = self._updater
         copy = self._transposed
         blocks = self._block_copy
