@@ -43,6 +43,7 @@ import time
 import numpy as np
 
 from .adjoint import current_values
+from .features import product_bytes
 
 # A product's time guessed from its bytes, as online tuning guesses it.
 from .tuning.online import CPU_BYTES_PER_SECOND, GPU_BYTES_PER_SECOND
@@ -82,9 +83,7 @@ def copy_seconds(op) -> float:
 
 def saved_seconds(op, k: int) -> float:
     """What the copy is guessed to save one product of ``k`` vectors."""
-    item = op.dtype.itemsize
-    m, n = op.shape
-    nbytes = op._structure_source.nnz * (item + 4) + (m + n) * item
+    nbytes = product_bytes(op._structure_source.nnz, *op.shape, op.dtype)
     rate = CPU_BYTES_PER_SECOND if op.device.profile.is_cpu else GPU_BYTES_PER_SECOND
     return SAVED_SHARE * k * nbytes / rate
 

@@ -91,6 +91,13 @@ def row_length_histogram(row_lengths):
     return [int(c) for c in np.bincount(buckets)]
 
 
+def product_bytes(nnz, n_rows, n_cols, dtype) -> int:
+    """Bytes one product moves at least: each value and its 32-bit column index, x read
+    and y written once (the tuner's, online tuning's and the operator's time guesses)."""
+    item = np.dtype(dtype).itemsize
+    return int(nnz) * (item + 4) + (int(n_rows) + int(n_cols)) * item
+
+
 def bandwidth(csr):
     """Largest |column - row| over the stored entries (0 for an empty matrix)."""
     if csr.nnz == 0:

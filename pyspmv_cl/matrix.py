@@ -27,7 +27,7 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedLayoutError,
 )
-from .features import MatrixFeatures
+from .features import MatrixFeatures, product_bytes
 from .formats import FORMATS, get_format
 from .formats.base import instantiate
 from .formats.columns import ColumnPath, StagingBlocks, columns_product
@@ -383,9 +383,7 @@ class SpMV:
         threads, for products guessed short from their bytes."""
         if not self.device.profile.is_cpu or runs_in_calling_thread(self.device):
             return 0.0
-        m, n = self.shape
-        item = self.dtype.itemsize
-        nbytes = self._structure_source.nnz * (item + 4) + (m + n) * item
+        nbytes = product_bytes(self._structure_source.nnz, *self.shape, self.dtype)
         return spin_seconds(nbytes / CPU_BYTES_PER_SECOND)
 
     @functools.cached_property

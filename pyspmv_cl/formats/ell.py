@@ -81,13 +81,9 @@ def ell_stride(n_rows, row_align):
     return -(-int(n_rows) // row_align) * row_align
 
 
-def row_slots(csr):
-    """(row, position within the row) of every stored entry, vectorised."""
-    return indptr_slots(csr.indptr)
-
-
-def indptr_slots(indptr):
-    """:func:`row_slots` from the row pointers alone."""
+def row_slots(indptr):
+    """(row, position within the row, row lengths) of every stored entry of a CSR with
+    row pointers ``indptr``, vectorised."""
     lengths = np.diff(indptr).astype(np.int64)
     rows = host_arrays.entry_rows(indptr)
     position = np.arange(rows.size, dtype=np.int64) - (np.asarray(indptr[:-1], np.int64)[rows]
@@ -104,18 +100,23 @@ def ell_layout(csr, profile):
     return width, row_align, ell_stride(m, row_align)
 
 
+def ell_slots(rows, position, stride):
+    """Where the ELL arrays keep entry ``position`` of row ``rows`` (column-major)."""
+    return position * stride + rows
+
+
 def ell_arrays(csr, width, row_align, index_dtype, dtype):
     """Column-major ELL arrays of ``csr`` (see the module docstring)."""
     m = csr.shape[0]
     width = int(width)
     stride = ell_stride(m, row_align)
-    rows, position, lengths = row_slots(csr)
+    rows, position, lengths = row_slots(csr.indptr)
     if lengths.size and lengths.max() > width:
         raise InvalidParameterError(
             f"a row holds {lengths.max()} entries, more than the ELL width {width}")
     col_idx = np.full(width * stride, -1, dtype=index_dtype)
     values = np.zeros(width * stride, dtype=dtype)
-    slot = position * stride + rows
+    slot = ell_slots(rows, position, stride)
     col_idx[slot] = csr.indices
     values[slot] = csr.data
     return col_idx, values
@@ -219,9 +220,9 @@ class ELL(LanesBlocks, SpMVFormat):
 
     def values_in_csr_order(self, queue, indptr):
         """Entry j of row i sits at slot j * stride + i."""
-        rows, position, _ = indptr_slots(indptr)
+        rows, position, _ = row_slots(indptr)
         stored = self._read_values(queue, "values", self.width * self.stride)
-        return stored[position * self.stride + rows]
+        return stored[ell_slots(rows, position, self.stride)]
 
     def launches(self, beta):
         wg = self.params["work_group_size"]

@@ -34,7 +34,6 @@ from .ell import (
     TUNING_MAX_PADDING,
     check_padding,
     ell_stride,
-    indptr_slots,
     row_slots,
     validate_max_padding,
 )
@@ -73,18 +72,24 @@ def block_size_candidates(profile):
     return fitting or (pow2_floor(cap),)
 
 
+def ellrt_slots(rows, position, t, slice_):
+    """Where the ELLR-T arrays keep entry ``position`` of row ``rows``: iteration
+    ``position // t`` of work-item ``position % t`` of the row."""
+    return (position // t) * slice_ + rows * t + position % t
+
+
 def ellrt_arrays(csr, t, row_align, index_dtype, dtype):
     """``(col_idx, values, row_length, slice)``: the ELLR-T arrays of ``csr`` for ``t``
     work-items per row (padding slots: column -1, value 0; never read), and the distance
     between consecutive iterations."""
     m = csr.shape[0]
     stride = ell_stride(m, row_align)
-    rows, position, lengths = row_slots(csr)
+    rows, position, lengths = row_slots(csr.indptr)
     iterations = -(-int(lengths.max(initial=0)) // t)
     slice_ = stride * t
     col_idx = np.full(iterations * slice_, -1, dtype=index_dtype)
     values = np.zeros(iterations * slice_, dtype=dtype)
-    slot = (position // t) * slice_ + rows * t + position % t
+    slot = ellrt_slots(rows, position, t, slice_)
     col_idx[slot] = csr.indices
     values[slot] = csr.data
     return col_idx, values, lengths.astype(index_dtype), slice_
@@ -199,10 +204,10 @@ class ELLRT(SpMVFormat):
     def values_in_csr_order(self, queue, indptr):
         """Entry j of row i sits at slot (j // T) * slice + i * T + j % T."""
         t = self.params["T"]
-        rows, position, lengths = indptr_slots(indptr)
+        rows, position, lengths = row_slots(indptr)
         iterations = -(-int(lengths.max(initial=0)) // t)
         stored = self._read_values(queue, "values", iterations * self.slice)
-        return stored[(position // t) * self.slice + rows * t + position % t]
+        return stored[ellrt_slots(rows, position, t, self.slice)]
 
     def template_params(self):
         return {"T": self.params["T"]}

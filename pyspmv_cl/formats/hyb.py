@@ -29,15 +29,7 @@ from . import params as P
 from .base import SpMVFormat, csr_bytes, launch_rows
 from .builder import ProgramSpec
 from .coo import ITEMS_PER_THREAD, LAYOUT, SCAN, COOPart, check_chunk, default_coo_params
-from .ell import (
-    ELL,
-    ELL_KERNEL,
-    check_padding,
-    ell_arrays,
-    ell_layout,
-    indptr_slots,
-    row_slots,
-)
+from .ell import ELL, ELL_KERNEL, check_padding, ell_arrays, ell_layout, ell_slots, row_slots
 from .registry import register
 
 RELATIVE_SPEED = 3.0
@@ -78,7 +70,7 @@ def split_structure(indptr, shape, width):
 
 def split_csr(csr, width):
     """(ELL part, COO part): the first ``width`` entries of each row, and the others."""
-    _, position, lengths = row_slots(csr)
+    _, position, lengths = row_slots(csr.indptr)
     m, n = csr.shape
     parts = []
     for mask, part_lengths in ((position < width, np.minimum(lengths, width)),
@@ -191,11 +183,11 @@ class HYB(SpMVFormat):
     def values_in_csr_order(self, queue, indptr):
         """A row's first K entries from the ELL part (slot j * stride + i), the rest, in
         order, from the COO part."""
-        rows, position, _ = indptr_slots(indptr)
+        rows, position, _ = row_slots(indptr)
         in_ell = position < self.width
         out = np.empty(rows.size, self.value_dtype)
         stored = self._read_values(queue, "ell_values", self.width * self.stride)
-        out[in_ell] = stored[position[in_ell] * self.stride + rows[in_ell]]
+        out[in_ell] = stored[ell_slots(rows[in_ell], position[in_ell], self.stride)]
         out[~in_ell] = self.coo.values_in_order(queue)
         return out
 

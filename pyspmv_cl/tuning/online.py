@@ -38,6 +38,7 @@ import numpy as np
 import pyopencl as cl
 import scipy.sparse as sp
 
+from ..features import product_bytes
 from ..formats import FORMATS
 from .heuristics import block_sets_first
 
@@ -160,8 +161,7 @@ def trigger_calls(features, profile, dtype, budget, measuring=True) -> int:
     would have taken ``budget``; on GPUs, for a measurement (``measuring``), once the
     time a switch might have saved them adds up to what the measurement costs them
     (``GPU_SWITCH_GAIN``), else (converting a known winner) at once."""
-    item = np.dtype(dtype).itemsize
-    nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
+    nbytes = product_bytes(features.nnz, features.n_rows, features.n_cols, dtype)
     if profile.is_gpu:
         if not measuring:
             return 1

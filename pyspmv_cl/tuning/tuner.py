@@ -44,7 +44,13 @@ from .. import store
 from ..device import runs_in_calling_thread
 from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError
-from ..features import bandwidth, row_length_histogram, shape_fingerprint, structure_digest
+from ..features import (
+    bandwidth,
+    product_bytes,
+    row_length_histogram,
+    shape_fingerprint,
+    structure_digest,
+)
 from ..formats import FORMATS
 from ..formats.base import conversion_is_cheap, instantiate, plan_blocks
 from ..formats.columns import ColumnPath, StagingBlocks, columns_product
@@ -784,8 +790,7 @@ def _worth_measuring(features, profile, dtype, expected_calls, budget, block_siz
             return True, ""
         return False, (f"{features.nnz} non-zeros < {MEASURE_MIN_NNZ}: measuring would cost "
                        "more than it saves; tune=True or expected_calls= measures")
-    item = np.dtype(dtype).itemsize
-    nbytes = features.nnz * (item + 4) + (features.n_rows + features.n_cols) * item
+    nbytes = product_bytes(features.nnz, features.n_rows, features.n_cols, dtype)
     # A product of k vectors costs up to k single ones (without block kernels): the
     # gap between formats that measuring can find grows with k.
     kernel = block_size * nbytes / (20e9 if profile.is_cpu else 500e9)
