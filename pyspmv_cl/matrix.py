@@ -856,46 +856,43 @@ class SpMV:
             return out
         if x.dtype != self.dtype or out.dtype != self.dtype:
             return self._matvec_device_cast(x, out, alpha, beta, block)
-        ordered = self._queue_in_order
-        x_ordered = ordered and x.queue is self.queue
-        out_ordered = ordered and out.queue is self.queue
-        wait_for = (([] if x_ordered else list(x.events))
-                    + ([] if out_ordered else list(out.events))) or None
-        if x.size and (x_buf.int_ptr == y_buf.int_ptr or
-                       _memory_root(x_buf).int_ptr == _memory_root(y_buf).int_ptr):
-            # out is x (in place), or x and out are a buffer and its sub-buffer, or two
-            # sub-buffers of one buffer: the kernels would read x while writing it (and
-            # OpenCL leaves a kernel writing a buffer and reading its sub-buffer
-            # undefined).  Multiply a copy of x instead (x starts at its buffer's start).
-            copy = self._block_staging("x_alias", x.size)
-            wait_for = [cl.enqueue_copy(self.queue, copy, x_buf, byte_count=x.nbytes,
-                                        wait_for=self._after_previous(wait_for))]
-            x_buf = copy
-        elif given_out and x.size and not (x.offset or out.offset):
+        # out is x (in place), or x and out are a buffer and its sub-buffer, or two
+        # sub-buffers of one buffer: the kernels would read x while writing it (and
+        # OpenCL leaves a kernel writing a buffer and reading its sub-buffer undefined).
+        alias = bool(x.size) and (x_buf.int_ptr == y_buf.int_ptr or
+                                  _memory_root(x_buf).int_ptr == _memory_root(y_buf).int_ptr)
+        if not alias and given_out and x.size and not (x.offset or out.offset):
             # Checked, at offset 0 (their own buffers), apart: the same two arrays
             # again skip the checks (_matvec_device_again).
             self._device_memo = (x, out, x_buf, y_buf, block)
-        event = self._device_product(x_buf, y_buf, alpha, beta, wait_for, block)
-        # Arrays on this in-order queue need no event: whatever comes next on it waits
-        # anyway, and pyopencl's add_event blocks on older events every few calls (it
-        # made a product on device arrays 3x slower than its kernel launch on PoCL).
-        if not out_ordered:
-            out.add_event(event)
-        if not x_ordered:
-            x.add_event(event)
-        return out
+        return self._ordered_product(x, out, x_buf, y_buf, alpha, beta, block, alias)
 
     def _matvec_device_again(self, x, out, alpha, beta, block):
         """The product on the two device arrays of an earlier call, which passed every
         check (the same objects on the same buffers at offset 0: their shapes and
         types are unchanged, pyopencl arrays do not change them in place)."""
+        return self._ordered_product(x, out, x.base_data, out.base_data, alpha, beta,
+                                     block)
+
+    def _ordered_product(self, x, out, x_buf, y_buf, alpha, beta, block, alias=False):
+        """The product on the checked device arrays ``x`` and ``out`` (buffers ``x_buf``
+        and ``y_buf``), after their events and leaving its event on them, but on this
+        in-order queue; ``alias``: x shares memory with out, so a copy of x (which
+        starts at its buffer's start) is multiplied instead."""
         ordered = self._queue_in_order
         x_ordered = ordered and x.queue is self.queue
         out_ordered = ordered and out.queue is self.queue
         wait_for = (([] if x_ordered else list(x.events))
                     + ([] if out_ordered else list(out.events))) or None
-        event = self._device_product(x.base_data, out.base_data, alpha, beta, wait_for,
-                                     block)
+        if alias:
+            copy = self._block_staging("x_alias", x.size)
+            wait_for = [cl.enqueue_copy(self.queue, copy, x_buf, byte_count=x.nbytes,
+                                        wait_for=self._after_previous(wait_for))]
+            x_buf = copy
+        event = self._device_product(x_buf, y_buf, alpha, beta, wait_for, block)
+        # Arrays on this in-order queue need no event: whatever comes next on it waits
+        # anyway, and pyopencl's add_event blocks on older events every few calls (it
+        # made a product on device arrays 3x slower than its kernel launch on PoCL).
         if not out_ordered:
             out.add_event(event)
         if not x_ordered:
