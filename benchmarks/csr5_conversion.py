@@ -176,7 +176,8 @@ def main(argv=None):
                         help="replicate each matrix block-diagonally to this many non-zeros")
     parser.add_argument("--json", help="write the rows here as JSON")
     args = parser.parse_args(argv)
-    device = psc.get_device(args.device)
+    # Kernels are timed by their profiling events: the device's profiling queue.
+    device = psc.get_device(args.device).profiling_device()
     dtype = np.dtype(args.dtype)
     given = parse_sets(args.set)
     print(f"device: {device.cl_device.name.strip()} ({device.profile.device_type}), "

@@ -64,7 +64,8 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="FORMAT:KEY=VALUE",
                         help="a format parameter (repeatable)")
     args = parser.parse_args(argv)
-    device = psc.get_device(args.device)
+    # Kernels are timed by their profiling events: the device's profiling queue.
+    device = psc.get_device(args.device).profiling_device()
     settings = parse_settings(args.set)
     dtype = np.dtype(args.dtype)
     for spec in args.matrices:

@@ -1,11 +1,11 @@
 """Device discovery and the DeviceProfile that tuning and code generation read.
 
-A :class:`Device` wraps one OpenCL device with a lazily created context and
-(profiling-enabled) queue that every operator on that device shares, so arrays made
-by one operator can be passed to another.  Its :class:`DeviceProfile` can be
-overridden (``dev.override(simd_width=64, fp64=False)``) to exercise the code paths
-of other hardware on whatever device is present; an override shares the context and
-queue of the device it came from.
+A :class:`Device` wraps one OpenCL device with a lazily created context and in-order
+queue (without profiling; timing uses a queue of its own) that every operator on that
+device shares, so arrays made by one operator can be passed to another.  Its
+:class:`DeviceProfile` can be overridden (``dev.override(simd_width=64, fp64=False)``)
+to exercise the code paths of other hardware on whatever device is present; an
+override shares the context and queue of the device it came from.
 """
 
 import dataclasses
@@ -205,6 +205,7 @@ class Device:
         self._context = context
         self._queue = queue
         self._timing_queue = None
+        self._profiling_device = None
         self._profile = profile
         self._base = _base  # the device an override came from: shares its context
         self._host_arrays = None
@@ -240,9 +241,10 @@ class Device:
         if self._base is not None:
             return self._base.queue
         if self._queue is None:
-            self._queue = cl.CommandQueue(
-                self.context, self.cl_device,
-                properties=cl.command_queue_properties.PROFILING_ENABLE)
+            # No profiling: on NVIDIA it cost each product 1.5 us back to back and 6 us
+            # waited for (an H100: 23.7 against 17.8 us on a tiny matrix, cuSPARSE 20.4;
+            # BENCHMARKS.md).  Timing runs on profiling_queue.
+            self._queue = cl.CommandQueue(self.context, self.cl_device)
         return self._queue
 
     def thread_store(self) -> dict:
@@ -261,8 +263,8 @@ class Device:
     @property
     def profiling_queue(self):
         """A queue with profiling enabled, on this device's context, for timing (the
-        tuner, calibrations): the device's own queue when a user's queue has profiling,
-        else a private one, so that ``format="auto"`` measures on any queue."""
+        tuner, calibrations): the device's own queue when it has profiling (a user's
+        queue may), else a private one; the device's default queue has none."""
         if self._base is not None:
             return self._base.profiling_queue
         queue = self.queue
@@ -273,6 +275,19 @@ class Device:
                 self.context, self.cl_device,
                 properties=cl.command_queue_properties.PROFILING_ENABLE)
         return self._timing_queue
+
+    def profiling_device(self):
+        """This device on ``profiling_queue``: operators made on it run their products on
+        a queue with profiling, so that their kernels can be timed by their events
+        (benchmarks, the distributed operator's timings).  The same object each call."""
+        queue = self.profiling_queue
+        if queue is self.queue:
+            return self
+        if self._profiling_device is None:
+            self._profiling_device = Device(
+                self.cl_device, self.platform_index, self.device_index,
+                context=self.context, queue=queue, profile=self.profile)
+        return self._profiling_device
 
     @property
     def profile(self):

@@ -15,6 +15,7 @@ from conftest import assert_close, reference
 
 import pyspmv_cl as psc
 from pyspmv_cl.device import VENDOR_FAMILIES
+from pyspmv_cl.launching import launches_seconds
 
 
 def small_problem(rng, shape=(50, 40), density=0.15, dtype=np.float32):
@@ -236,6 +237,44 @@ def test_select_pyopencl_queue(device, rng):
     foreign = cla.to_device(device.queue, x)
     with pytest.raises(ValueError, match="context"):
         op.matvec(foreign)
+
+
+PROFILING = cl.command_queue_properties.PROFILING_ENABLE
+
+
+def test_default_queue_has_no_profiling_and_timing_has_its_own(device, rng):
+    """Operators run on a queue without profiling (it cost NVIDIA products time); the
+    tuner and benchmarks time on ``profiling_queue``/``profiling_device``, which share
+    the context, so arrays pass between them."""
+    assert not device.queue.properties & PROFILING
+    timing = device.profiling_queue
+    assert timing is not device.queue and timing.properties & PROFILING
+    assert timing.context == device.context
+    timed = device.profiling_device()
+    assert timed is device.profiling_device()   # one object, its programs shared
+    assert timed.queue is timing and timed.context == device.context
+    assert timed.profile is device.profile
+    A, x = small_problem(rng)
+    op = psc.SpMV(A, format="csr-scalar", device=timed)
+    assert op.queue is timing
+    x_dev = cla.to_device(device.queue, x)        # an array of the default queue
+    y_dev = cla.empty(timing, A.shape[0], np.float32)
+    y_dev.fill(np.nan)
+    seconds = launches_seconds(lambda: op.matvec(x_dev, out=y_dev))
+    assert seconds > 0
+    assert_close(y_dev.get(), reference(A, x), A, x, np.float32)
+    # An override times on its base's queue, with its own profile.
+    pretend = device.override(compute_units=7)
+    assert pretend.profiling_queue is timing
+    assert pretend.profiling_device().compute_units == 7
+    assert pretend.profiling_device().queue is timing
+
+
+def test_a_users_profiling_queue_is_its_own_timing_queue(device):
+    queue = cl.CommandQueue(device.context, device.cl_device, properties=PROFILING)
+    dev = psc.get_device(queue)
+    assert dev.profiling_queue is queue
+    assert dev.profiling_device() is dev
 
 
 def test_multi_device_context_refused():

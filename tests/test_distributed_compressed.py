@@ -55,3 +55,34 @@ def test_mostly_full_blocks_stay_plain(device, rng):
     op = CompressedRows.or_plain(B.tocsr(), lambda b: ("plain", b.shape), device.queue,
                                  np.float32)
     assert op == ("plain", (100, 30))
+
+
+def test_rank_timings_need_a_profiling_queue(device, rng):
+    """The distributed operator's ``local`` time comes from profiling events: its own
+    devices run on the profiling queue; a caller's queue without profiling gives NaN
+    (and NaN ``hidden``) instead of pyopencl's error."""
+    import pyopencl as cl
+
+    from pyspmv_cl.distributed.operator import _hidden, _kernel_seconds, _resolve_device
+    from pyspmv_cl.launching import record_launches
+
+    A = sp.random(200, 200, density=0.05, format="csr", random_state=rng, dtype=np.float32)
+    x = rng.standard_normal(200).astype(np.float32)
+    own = _resolve_device(device.id, 0)
+    assert own.queue.properties & cl.command_queue_properties.PROFILING_ENABLE
+    plain = cl.CommandQueue(device.context, device.cl_device)
+    assert _resolve_device(plain, 0).queue is plain
+    for queue, timed in ((own.queue, True), (plain, False)):
+        op = psc.SpMV(A, format="csr-scalar", device=queue)
+        x_dev = cla.to_device(queue, x)
+        with record_launches() as events:
+            y_dev = op.matvec(x_dev)
+        queue.finish()
+        assert_close(y_dev.get(), reference(A, x), A, x, np.float32)
+        seconds = _kernel_seconds(queue, events)
+        if timed:
+            assert seconds > 0 and _hidden(seconds, 1.0, 1.0) == pytest.approx(seconds)
+            assert _hidden(seconds, 0.0, 1.0) == 0.0
+        else:
+            assert np.isnan(seconds) and np.isnan(_hidden(seconds, 1.0, 1.0))
+    assert _kernel_seconds(plain, []) == 0.0

@@ -64,7 +64,7 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
     program = get_program(device.context, device.cl_device, codegen.helper("copy.cl"))
     # all_kernels: pyopencl's attribute lookup would probe the driver per attribute.
     kernel = {k.function_name: k for k in program.all_kernels()}["copy_float4"]
-    queue = device.queue
+    queue = device.profiling_queue
     src = cl.Buffer(device.context, cl.mem_flags.READ_ONLY, n_vec * 16)
     dst = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, n_vec * 16)
     cl.enqueue_fill_buffer(queue, src, np.float32(1), 0, n_vec * 16)
@@ -107,7 +107,9 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
     Every implementation of one dtype is prepared first, then timed in ``rounds``
     interleaved rounds (a slice of the samples each, in turn), so that a change of
     machine load during the run affects all of them alike instead of favouring
-    whichever ran in a quiet moment."""
+    whichever ran in a quiet moment.  Our kernels are timed by their profiling events,
+    on the device's profiling queue."""
+    device = device.profiling_device()
     csr = sp.csr_matrix(A)
     A64 = csr.astype(np.float64)
     rng = np.random.default_rng(12345)
@@ -240,7 +242,10 @@ def wall_times(fn, count, min_time=0.0, max_count=200):
 def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time=0.3,
         progress=None, checkpoint=None):
     """Benchmark every spec; returns (environment dict, results list).  ``checkpoint``
-    (optional) is called with (environment, results so far) after each matrix."""
+    (optional) is called with (environment, results so far) after each matrix.
+    Kernels are timed by their profiling events: the operators run on the device's
+    profiling queue (``Device.profiling_device``)."""
+    device = device.profiling_device()
     detected = available_peers(peer_names)  # imports and test-runs each library: once
     peers = [p for p in detected if p.available]
     skipped = {p.name: p.reason for p in detected if not p.available}

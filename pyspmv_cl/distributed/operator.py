@@ -89,10 +89,32 @@ def node_local_device(position, kind=None):
 
 
 def _resolve_device(device, position):
+    """The rank's device.  On a queue with profiling (``Device.profiling_device``) unless
+    the caller gave a queue of their own: the timings' ``local`` is the diagonal block's
+    kernel time from their events."""
+    if isinstance(device, cl.CommandQueue):
+        return get_device(device)
     if isinstance(device, str) and device.startswith("node-local"):
         kind = device.partition(":")[2] or None
-        return node_local_device(position, kind)
-    return get_device(device)
+        return node_local_device(position, kind).profiling_device()
+    return get_device(device).profiling_device()
+
+
+def _kernel_seconds(queue, events):
+    """Device seconds from the first event's start to the last's end (0 without
+    events; NaN on a caller's queue without profiling)."""
+    if not events:
+        return 0.0
+    if not queue.properties & cl.command_queue_properties.PROFILING_ENABLE:
+        return float("nan")
+    return (events[-1].profile.end - events[0].profile.start) * 1e-9
+
+
+def _hidden(local, before, both):
+    """How much of the kernels' ``local`` seconds ran while the host spent ``before``
+    (pack and exchange), given that both were done ``both`` seconds in (NaN with
+    ``local``)."""
+    return local if local != local else max(0.0, local + before - both)
 
 
 class SpMV:
@@ -665,10 +687,9 @@ class SpMV:
         if events:
             events[-1].wait()
         t_both = time.perf_counter()
-        local = ((events[-1].profile.end - events[0].profile.start) * 1e-9
-                 if events else 0.0)
+        local = _kernel_seconds(self.queue, events)
         times.update(exchange=exchange, local=local,
-                     hidden=max(0.0, local + (t_exchanged - t0) - (t_both - t0)),
+                     hidden=_hidden(local, t_exchanged - t0, t_both - t0),
                      offdiag=t - t_exchanged)
 
     # -- transposed products -------------------------------------------------------------
@@ -780,11 +801,10 @@ class SpMV:
         if events:
             events[-1].wait()
         t_both = time.perf_counter()
-        local = ((events[-1].profile.end - events[0].profile.start) * 1e-9
-                 if events else 0.0)
+        local = _kernel_seconds(self.queue, events)
         exchange = t_exchanged - t_start
         times.update(exchange=exchange, local=local,
-                     hidden=max(0.0, local + exchange - (t_both - t_start)))
+                     hidden=_hidden(local, exchange, t_both - t_start))
         t = time.perf_counter()
         if len(self._rtargets):
             accumulate(self._rrecv, self._rinverse, len(self._rtargets), out=self._racc)
