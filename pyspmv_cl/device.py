@@ -122,6 +122,16 @@ def _safe_info(device, attr, default):
         return default
 
 
+def nvidia_compute_capability(cl_device):
+    """``(major, minor)`` of an NVIDIA GPU (``cl_nv_device_attribute_query``), else
+    None: the real device's, whatever a profile override pretends."""
+    if "cl_nv_device_attribute_query" not in (_safe_info(cl_device, "extensions", "") or ""):
+        return None
+    major = _safe_info(cl_device, "compute_capability_major_nv", None)
+    minor = _safe_info(cl_device, "compute_capability_minor_nv", 0)
+    return None if major is None else (int(major), int(minor))
+
+
 def _probe_simd_width(context, device, subgroups):
     """SIMD width as the driver reports it for a real kernel, in order of trust: the
     vendor's warp/wavefront attribute (NVIDIA, AMD), the maximum sub-group size of a

@@ -142,6 +142,28 @@ ${c.store_y("r", "sum")}
 <% window = work_group_size * items_per_thread %>
 #define WG ${work_group_size}
 #define WINDOW ${window}
+% if streamed_loads:
+## NVIDIA, compute capability 7.0+ (csr_vector.py, _streamed_loads): values and columns
+## are read once, with PTX's evict-first L1 policy, so that x's lines stay in L1 longer.
+## volatile: each load stays inside its j < end branch.
+<% vt, vc = ("f64", "d") if is_double else ("f32", "f") %>\
+<% it, ic = ("s64", "l") if index_t == "long" else ("s32", "r") %>\
+inline real_t streamed_value(const __global real_t *p)
+{
+    real_t v;
+    asm volatile("ld.global.nc.L1::evict_first.${vt} %0, [%1];" : "=${vc}"(v) : "l"(p));
+    return v;
+}
+inline index_t streamed_index(const __global index_t *p)
+{
+    index_t v;
+    asm volatile("ld.global.nc.L1::evict_first.${it} %0, [%1];" : "=${ic}"(v) : "l"(p));
+    return v;
+}
+#define PRODUCT(j) MUL(streamed_value(values + (j)), x[streamed_index(col_idx + (j))])
+% else:
+#define PRODUCT(j) MUL(LOADV(j, values), x[col_idx[j]])
+% endif
 
 ${signature("csr_vector")}
 {
@@ -172,7 +194,7 @@ ${signature("csr_vector")}
 % for k in range(items_per_thread):
         {
             const index_t j = window + ${k * work_group_size} + (index_t)lid;
-            products[${k * work_group_size} + lid] = (j < end) ? MUL(LOADV(j, values), x[col_idx[j]]) : (real_t)0;
+            products[${k * work_group_size} + lid] = (j < end) ? PRODUCT(j) : (real_t)0;
         }
 % endfor
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -447,6 +447,36 @@ def test_csr_vector_adaptive(wg, items, reduction, dtype, device, rng):
         check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
 
 
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+def test_csr_vector_adaptive_streamed_loads_only_on_nvidia_from_volta(device, rng):
+    """The adaptive mapping's evict-first loads (PTX asm) are rendered for a real NVIDIA
+    GPU of compute capability 7.0+ and real values at full width only: not for another
+    device whose profile pretends to be NVIDIA, nor for complex or half values.  The
+    products are right either way (the sweep above covers the kernel on every device)."""
+    from pyspmv_cl.device import nvidia_compute_capability
+
+    capability = nvidia_compute_capability(device.cl_device)
+    nvidia = capability is not None and capability >= (7, 0)
+    A = CASES["power_law"](rng)
+    pretend = device.override(vendor_family="nvidia", device_type="gpu")
+    for dev in (device, pretend):
+        for dtype in (np.float32, np.float64):
+            if not dev.profile.fp64 and dtype == np.float64:
+                continue
+            op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=dev, mapping="adaptive")
+            assert op._impl.template_params()["streamed_loads"] is nvidia
+            check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+            check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+    for dtype, params in ((np.complex64, {}), (np.float32, {"value_bits": 16})):
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, mapping="adaptive",
+                      **params)
+        assert op._impl.template_params()["streamed_loads"] is False
+    op = psc.SpMV(A, format="csr-vector", device=device, mapping="rows", vector_size=4)
+    assert op._impl.template_params()["streamed_loads"] is False
+    if device.profile.vendor_family != "nvidia":
+        assert capability is None
+
+
 # (work_group_size, items_per_thread, reduction) of the merge mapping (its own sweep:
 # tests/test_csr_vector_merge.py): every case of the corpus with small groups, whose
 # rows cross work-items and groups, and with the default shape.
