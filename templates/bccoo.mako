@@ -25,6 +25,7 @@
 ## Fill entries (inside blocks, dummy and padding blocks) are +0.0 and are skipped:
 ##   they never multiply x (0 * Inf); stored zeros were written as -0.0.
 ${c.preamble()}
+${c.streamed_loads(streamed_loads)}
 typedef ${pos_t} pos_t;
 typedef ${flag_t} flag_t;
 typedef ${col_t} col_t;
@@ -123,13 +124,17 @@ ${unroll()}
             const short d = col_delta[p];
             col = (d == -1) ? (index_t)cols[p] : col + d;
 % else:
+% if col_t == index_t:
+            const index_t col = STREAMI(cols + p);
+% else:
             const index_t col = cols[p];
+% endif
 % endif
             const index_t xb = col * W;
 % for jr in range(block_height):
 % for jc in range(block_width):
             {
-                const real_t v = values[${jr} * value_stride + p * W + ${jc}];
+                const real_t v = STREAMV(values + ${jr} * value_stride + p * W + ${jc});
                 if (STORED(v))
                     sum[${jr}] += MUL(v, x[xb + ${jc}]);
             }

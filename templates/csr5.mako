@@ -35,6 +35,7 @@
 ##   per group instead of one per tile: a row over 4000 tiles costs 16 serial loads with
 ##   groups of 256, not 4000.  The order of additions is fixed: still deterministic.
 ${c.preamble()}
+${c.streamed_loads(streamed_loads)}
 <%
     tiles_per_group = work_group_size // omega
     flag_shift = y_bits + seg_bits
@@ -89,7 +90,7 @@ ${c.store_y("row", "sum")}
             sum = 0;
             seg++;
         }
-        sum += MUL(values[base + ${offset}], x[col_idx[base + ${offset}]]);
+        sum += MUL(STREAMV(values + base + ${offset}), x[STREAMI(col_idx + base + ${offset})]);
 </%def>
 
 ${signature("csr5_compute")}
@@ -234,7 +235,7 @@ ${signature("csr5_calibrate")}
             if (n_full_tiles < n_tiles && FIRST_ROW(tile_ptr[n_full_tiles]) == row0) {
                 const index_t end = row_ptr[row0 + 1];
                 for (index_t j = n_full_tiles * TILE_SIZE; j < end; j++)
-                    sum += MUL(values[j], x[col_idx[j]]);
+                    sum += MUL(STREAMV(values + j), x[STREAMI(col_idx + j)]);
             }
 ${c.store_y("row0", "sum")}
         }
@@ -243,7 +244,7 @@ ${c.store_y("row0", "sum")}
         real_t sum = 0;
         const index_t end = row_ptr[r + 1];
         for (index_t j = row_ptr[r]; j < end; j++)
-            sum += MUL(values[j], x[col_idx[j]]);
+            sum += MUL(STREAMV(values + j), x[STREAMI(col_idx + j)]);
 ${c.store_y("r", "sum")}
     } else if (g < n_tiles + n_tail_rows + n_empty_rows) {
         // One work-item per empty row before the tail rows: tiles may span runs of

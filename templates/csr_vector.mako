@@ -142,25 +142,9 @@ ${c.store_y("r", "sum")}
 <% window = work_group_size * items_per_thread %>
 #define WG ${work_group_size}
 #define WINDOW ${window}
+${c.streamed_loads(streamed_loads)}
 % if streamed_loads:
-## NVIDIA, compute capability 7.0+ (csr_vector.py, _streamed_loads): values and columns
-## are read once, with PTX's evict-first L1 policy, so that x's lines stay in L1 longer.
-## volatile: each load stays inside its j < end branch.
-<% vt, vc = ("f64", "d") if is_double else ("f32", "f") %>\
-<% it, ic = ("s64", "l") if index_t == "long" else ("s32", "r") %>\
-inline real_t streamed_value(const __global real_t *p)
-{
-    real_t v;
-    asm volatile("ld.global.nc.L1::evict_first.${vt} %0, [%1];" : "=${vc}"(v) : "l"(p));
-    return v;
-}
-inline index_t streamed_index(const __global index_t *p)
-{
-    index_t v;
-    asm volatile("ld.global.nc.L1::evict_first.${it} %0, [%1];" : "=${ic}"(v) : "l"(p));
-    return v;
-}
-#define PRODUCT(j) MUL(streamed_value(values + (j)), x[streamed_index(col_idx + (j))])
+#define PRODUCT(j) MUL(STREAMV(values + (j)), x[STREAMI(col_idx + (j))])
 % else:
 #define PRODUCT(j) MUL(LOADV(j, values), x[col_idx[j]])
 % endif

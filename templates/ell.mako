@@ -4,6 +4,7 @@
 ## slots (column -1) follow a row's entries: the loop stops at the first one, never
 ## multiplying x by a padding value.
 ${c.preamble()}
+${c.streamed_loads(streamed_loads)}
 
 ${signature("ell")}
 {
@@ -12,10 +13,10 @@ ${signature("ell")}
         real_t sum = 0;
         long slot = row;
         for (long k = 0; k < width; ++k, slot += stride) {
-            const index_t col = col_idx[slot];
+            const index_t col = STREAMI(col_idx + slot);
             if (col < 0)
                 break;
-            sum += MUL(values[slot], x[col]);
+            sum += MUL(STREAMV(values + slot), x[col]);
         }
 ${c.store_y("row", "sum")}
     }

@@ -56,7 +56,6 @@ from ..codegen import (
     scalar,
     scratch,
 )
-from ..device import nvidia_compute_capability
 from ..errors import InvalidParameterError
 from . import params as P
 from .base import BLOCK_WIDTHS, csr_bytes, fits_int32, launch_rows, pow2_floor, round_up
@@ -362,18 +361,12 @@ class CSRVector(CSRFormatBase):
                 "streamed_loads": self._streamed_loads()}
 
     def _streamed_loads(self):
-        """Whether the adaptive mapping reads values and columns with PTX's evict-first
-        L1 policy (``ld.global.nc.L1::evict_first``): on NVIDIA GPUs of compute
-        capability 7.0 and later, real values stored at full width.  They are read once;
-        x's lines then stay in L1 longer.  On an H100 (20M non-zeros): Groebner_id2003_aug
-        float64 105.0 -> 91.7 us, cage10 float32 75.4 -> 66.5, Groebner float32 76.1 ->
-        70.4, astro-ph 2-3% faster, rajat01 float32 2% slower, the rest within 1%
-        (BENCHMARKS.md, #18)."""
-        if not self._adaptive or self.dtype.kind != "f" \
-                or self.value_dtype != self.dtype:
-            return False
-        capability = nvidia_compute_capability(self.device.cl_device)
-        return capability is not None and capability >= (7, 0)
+        """The adaptive mapping reads values and columns through ``STREAMV``/``STREAMI``
+        (common.mako) where ``streamed_loads_ok``.  On an H100 (20M non-zeros, same
+        process): Groebner_id2003_aug float64 106.0 -> 93.0 us, cage10 float32 75.2 ->
+        66.3, Groebner float32 77.8 -> 72.2, astro-ph 2-3% faster, rajat01 float32 2%
+        slower, the rest within 1% (BENCHMARKS.md, #18)."""
+        return self._adaptive and self.streamed_loads_ok()
 
     def kernel_specs(self):
         if self._merge:

@@ -153,7 +153,8 @@ class HYB(SpMVFormat):
         self._coo_indptr = coo_csr.indptr
 
     def programs(self):
-        ell = [ProgramSpec("ell.mako", (ELL_KERNEL,))]
+        ell = [ProgramSpec("ell.mako", (ELL_KERNEL,),
+                           {"streamed_loads": self.streamed_loads_ok()})]
         coo = [self.coo.program()] if self.coo.active else []
         if self.converting_on_device:
             ell.append(ell_device.program(1))
