@@ -214,6 +214,7 @@ class Device:
         self.device_index = device_index
         self._context = context
         self._queue = queue
+        self._callers_queue = queue is not None
         self._timing_queue = None
         self._profiling_device = None
         self._profile = profile
@@ -286,6 +287,13 @@ class Device:
                 properties=cl.command_queue_properties.PROFILING_ENABLE)
         return self._timing_queue
 
+    @property
+    def callers_queue(self) -> bool:
+        """Whether ``queue`` is one the caller passed (a pyopencl ``CommandQueue``)."""
+        if self._base is not None:
+            return self._base.callers_queue
+        return self._callers_queue
+
     def profiling_device(self):
         """This device on ``profiling_queue``: operators made on it run their products on
         a queue with profiling, so that their kernels can be timed by their events
@@ -297,6 +305,7 @@ class Device:
             self._profiling_device = Device(
                 self.cl_device, self.platform_index, self.device_index,
                 context=self.context, queue=queue, profile=self.profile)
+            self._profiling_device._callers_queue = False
         return self._profiling_device
 
     @property

@@ -254,6 +254,7 @@ def test_default_queue_has_no_profiling_and_timing_has_its_own(device, rng):
     assert timed is device.profiling_device()   # one object, its programs shared
     assert timed.queue is timing and timed.context == device.context
     assert timed.profile is device.profile
+    assert not device.callers_queue and not timed.callers_queue
     A, x = small_problem(rng)
     op = psc.SpMV(A, format="csr-scalar", device=timed)
     assert op.queue is timing
@@ -273,6 +274,7 @@ def test_default_queue_has_no_profiling_and_timing_has_its_own(device, rng):
 def test_a_users_profiling_queue_is_its_own_timing_queue(device):
     queue = cl.CommandQueue(device.context, device.cl_device, properties=PROFILING)
     dev = psc.get_device(queue)
+    assert dev.callers_queue and dev.override(compute_units=3).callers_queue
     assert dev.profiling_queue is queue
     assert dev.profiling_device() is dev
 

@@ -70,8 +70,10 @@ def test_rank_timings_need_a_profiling_queue(device, rng):
     x = rng.standard_normal(200).astype(np.float32)
     own = _resolve_device(device.id, 0)
     assert own.queue.properties & cl.command_queue_properties.PROFILING_ENABLE
+    assert _resolve_device(device, 0).queue is own.queue   # the library's Device: timed
     plain = cl.CommandQueue(device.context, device.cl_device)
     assert _resolve_device(plain, 0).queue is plain
+    assert _resolve_device(psc.get_device(plain), 0).queue is plain   # the caller's queue
     for queue, timed in ((own.queue, True), (plain, False)):
         op = psc.SpMV(A, format="csr-scalar", device=queue)
         x_dev = cla.to_device(queue, x)

@@ -90,14 +90,14 @@ def node_local_device(position, kind=None):
 
 def _resolve_device(device, position):
     """The rank's device.  On a queue with profiling (``Device.profiling_device``) unless
-    the caller gave a queue of their own: the timings' ``local`` is the diagonal block's
-    kernel time from their events."""
-    if isinstance(device, cl.CommandQueue):
-        return get_device(device)
+    the caller gave a queue of their own (a CommandQueue, or a Device made from one):
+    the timings' ``local`` is the diagonal block's kernel time from their events."""
     if isinstance(device, str) and device.startswith("node-local"):
         kind = device.partition(":")[2] or None
-        return node_local_device(position, kind).profiling_device()
-    return get_device(device).profiling_device()
+        found = node_local_device(position, kind)
+    else:
+        found = get_device(device)
+    return found if found.callers_queue else found.profiling_device()
 
 
 def _kernel_seconds(queue, events):
