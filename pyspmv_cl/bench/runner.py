@@ -107,9 +107,7 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
     Every implementation of one dtype is prepared first, then timed in ``rounds``
     interleaved rounds (a slice of the samples each, in turn), so that a change of
     machine load during the run affects all of them alike instead of favouring
-    whichever ran in a quiet moment.  Our kernels are timed by their profiling events,
-    on the device's profiling queue."""
-    device = device.profiling_device()
+    whichever ran in a quiet moment."""
     csr = sp.csr_matrix(A)
     A64 = csr.astype(np.float64)
     rng = np.random.default_rng(12345)
@@ -202,13 +200,19 @@ def _peer_finish(name, csr, dtype, impl, copy_gbps, rel_err):
 
 def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
     """(sample, finish) for one operator: ``sample()`` is the device seconds of one
-    product on device-resident vectors, all its kernels included; ``finish(seconds)``
-    adds the wall time of whole host-to-host calls and the error, and makes the row."""
+    product on device-resident vectors, all its kernels included, from their profiling
+    events on the device's profiling queue (the operator's own queue has no profiling:
+    its calls, which ``finish`` times, stay as a user's); ``finish(seconds)`` adds the
+    wall time of whole host-to-host calls and the error, and makes the row."""
     x_dev = cla.to_device(op.queue, x_host)
     y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
+    timing = op.device.profiling_queue
+    op.queue.finish()   # x_dev is written before the timing queue reads it
 
     def sample():
-        return launches_seconds(lambda: op.matvec(x_dev, out=y_dev))
+        impl = op._impl   # the current format (an online tuning has finished)
+        return launches_seconds(
+            lambda: impl.enqueue(timing, x_dev.data, y_dev.data, 1.0, 0.0))
 
     def finish(seconds):
         wall = statistics.median(wall_times(lambda: op @ x_host, 5, min_time=0.05))
@@ -242,10 +246,7 @@ def wall_times(fn, count, min_time=0.0, max_count=200):
 def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time=0.3,
         progress=None, checkpoint=None):
     """Benchmark every spec; returns (environment dict, results list).  ``checkpoint``
-    (optional) is called with (environment, results so far) after each matrix.
-    Kernels are timed by their profiling events: the operators run on the device's
-    profiling queue (``Device.profiling_device``)."""
-    device = device.profiling_device()
+    (optional) is called with (environment, results so far) after each matrix."""
     detected = available_peers(peer_names)  # imports and test-runs each library: once
     peers = [p for p in detected if p.available]
     skipped = {p.name: p.reason for p in detected if not p.available}
