@@ -18,7 +18,7 @@ import numpy as np
 import pyopencl as cl
 
 from .cache import get_program, memory_generation
-from .errors import DeviceNotFoundError, InvalidInputError
+from .errors import DeviceNotFoundError, InvalidInputError, KernelBuildError
 from .host_buffers import COPY, in_place_mode
 
 DEVICE_ENV = "PYSPMV_CL_DEVICE"
@@ -132,6 +132,24 @@ def nvidia_compute_capability(cl_device):
     return None if major is None else (int(major), int(minor))
 
 
+#: The PTX loads of common.mako's ``streamed_loads``, one of each type it renders: built
+#: once per device (``Device.evict_first_loads``) before any kernel relies on them.
+_EVICT_FIRST_PROBE = r"""
+__kernel void probe(__global const float *a, __global const double *b,
+                    __global const int *c, __global const long *d,
+                    __global const ushort *e, __global double *out)
+{
+    float f; double g; int i; long l; ushort h;
+    asm volatile("ld.global.nc.L1::evict_first.f32 %0, [%1];" : "=f"(f) : "l"(a));
+    asm volatile("ld.global.nc.L1::evict_first.f64 %0, [%1];" : "=d"(g) : "l"(b));
+    asm volatile("ld.global.nc.L1::evict_first.s32 %0, [%1];" : "=r"(i) : "l"(c));
+    asm volatile("ld.global.nc.L1::evict_first.s64 %0, [%1];" : "=l"(l) : "l"(d));
+    asm volatile("ld.global.nc.L1::evict_first.u16 %0, [%1];" : "=h"(h) : "l"(e));
+    out[0] = (double)f + g + (double)i + (double)l + (double)h;
+}
+"""
+
+
 def _probe_simd_width(context, device, subgroups):
     """SIMD width as the driver reports it for a real kernel, in order of trust: the
     vendor's warp/wavefront attribute (NVIDIA, AMD), the maximum sub-group size of a
@@ -217,6 +235,7 @@ class Device:
         self._callers_queue = queue is not None
         self._timing_queue = None
         self._profiling_device = None
+        self._evict_first = None
         self._profile = profile
         self._base = _base  # the device an override came from: shares its context
         self._host_arrays = None
@@ -288,6 +307,31 @@ class Device:
         return self._timing_queue
 
     @property
+    def evict_first_loads(self) -> bool:
+        """Whether kernels may read with PTX's ``ld.global.nc.L1::evict_first``
+        (common.mako's ``streamed_loads``): an NVIDIA GPU of compute capability 7.0+
+        (the real device's, whatever a profile override says) whose driver builds a
+        probe of every form used; an older driver's PTX without the qualifier would
+        refuse the kernels themselves.  Probed once."""
+        if self._base is not None:
+            return self._base.evict_first_loads
+        if self._evict_first is None:
+            capability = nvidia_compute_capability(self.cl_device)
+            ok = capability is not None and capability >= (7, 0)
+            if ok:
+                try:
+                    get_program(self.context, self.cl_device, _EVICT_FIRST_PROBE)
+                except (KernelBuildError, cl.Error) as exc:   # the plain reads serve
+                    ok = False
+                    warnings.warn(
+                        f"{self.cl_device.name.strip()}: the driver does not build PTX's "
+                        "evict-first loads; kernels read the matrix without them "
+                        f"(a few per cent slower on some matrices): {exc}"[:400],
+                        RuntimeWarning, stacklevel=2)
+            self._evict_first = ok
+        return self._evict_first
+
+    @property
     def callers_queue(self) -> bool:
         """Whether ``queue`` is one the caller passed (a pyopencl ``CommandQueue``)."""
         if self._base is not None:
@@ -306,6 +350,7 @@ class Device:
                 self.cl_device, self.platform_index, self.device_index,
                 context=self.context, queue=queue, profile=self.profile)
             self._profiling_device._callers_queue = False
+            self._profiling_device._evict_first = self._evict_first
         return self._profiling_device
 
     @property

@@ -472,7 +472,8 @@ def test_streamed_loads_only_on_nvidia_from_volta(fmt, params, dtypes, device, r
     if fmt not in FORMATS:
         pytest.skip(f"no {fmt} format")
     capability = nvidia_compute_capability(device.cl_device)
-    nvidia = capability is not None and capability >= (7, 0)
+    nvidia = device.evict_first_loads
+    assert not nvidia or capability >= (7, 0)
     A = CASES["power_law"](rng) if fmt not in ("ell", "sell") else CASES["row_length_sweep"](rng)
     pretend = device.override(vendor_family="nvidia", device_type="gpu")
     for dev in (device, pretend):

@@ -271,6 +271,32 @@ def test_default_queue_has_no_profiling_and_timing_has_its_own(device, rng):
     assert pretend.profiling_device().queue is timing
 
 
+def test_evict_first_loads_need_a_real_nvidia_gpu_whose_driver_builds_them(device,
+                                                                           monkeypatch):
+    """``Device.evict_first_loads`` (common.mako's streamed_loads): False on any other
+    device, also under a profile that pretends NVIDIA; and where the capability says
+    yes but the driver cannot build the PTX (here: PoCL told it is an H100), False
+    instead of a kernel that fails to build."""
+    from pyspmv_cl import device as device_module
+
+    capability = device_module.nvidia_compute_capability(device.cl_device)
+    real = capability is not None and capability >= (7, 0)
+    assert device.evict_first_loads is real
+    assert device.override(vendor_family="nvidia", device_type="gpu").evict_first_loads is real
+    if real:
+        return
+    monkeypatch.setattr(device_module, "nvidia_compute_capability", lambda d: (9, 0))
+    fresh = psc.Device(device.cl_device, context=device.context)
+    with pytest.warns(RuntimeWarning, match="evict-first"):
+        assert fresh.evict_first_loads is False
+    assert fresh.evict_first_loads is False   # probed once: no second warning
+    A = sp.random(60, 50, density=0.2, format="csr", random_state=1, dtype=np.float32)
+    x = np.arange(50, dtype=np.float32)
+    op = psc.SpMV(A, format="csr5", device=fresh)
+    assert op._impl.programs()[0].params["streamed_loads"] is False
+    assert_close(op @ x, reference(A, x), A, x, np.float32)
+
+
 def test_a_users_profiling_queue_is_its_own_timing_queue(device):
     queue = cl.CommandQueue(device.context, device.cl_device, properties=PROFILING)
     dev = psc.get_device(queue)

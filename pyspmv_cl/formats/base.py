@@ -34,7 +34,6 @@ import numpy as np
 import pyopencl as cl
 
 from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
-from ..device import nvidia_compute_capability
 from ..device_inputs import DeviceCSR
 from ..errors import (
     DeviceCapabilityError,
@@ -320,12 +319,12 @@ class SpMVFormat:
     def streamed_loads_ok(self) -> bool:
         """Whether kernels may read this matrix's arrays through common.mako's
         ``streamed_loads`` (PTX's evict-first L1 policy): an NVIDIA GPU of compute
-        capability 7.0 or later (the real device's, whatever a profile override says),
-        real values stored at full width.  A format opts in with a template parameter."""
+        capability 7.0 or later whose driver builds those loads
+        (``Device.evict_first_loads``), real values stored at full width.  A format opts
+        in with a template parameter."""
         if self.dtype.kind != "f" or self.value_dtype != self.dtype:
             return False
-        capability = nvidia_compute_capability(self.device.cl_device)
-        return capability is not None and capability >= (7, 0)
+        return self.device.evict_first_loads
 
     def min_work_group_size(self) -> int:
         return 1
