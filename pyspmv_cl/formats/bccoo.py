@@ -194,14 +194,11 @@ class BCCOO(SpMVFormat):
             "cache_rows": p["result_cache"] * p["work_group_size"], "scan": p["scan"],
             "transpose": p["transpose"], "col_compress": p["col_compress"],
             "sliced": p["slices"] > 1, "slices": p["slices"],
-            "streamed_loads": self._streamed_loads()}
-
-    def _streamed_loads(self):
-        """Block values (and full-width columns) through ``STREAMV``/``STREAMI``
-        (common.mako) where ``streamed_loads_ok``.  On an H100 (20M non-zeros, same
-        process) 1-16% faster on every case measured (cage10 float32 93.9 -> 80.9 us,
-        astro-ph float32 109.2 -> 99.7, rajat01 float32 106.0 -> 96.9)."""
-        return self.streamed_loads_ok()
+            # Block values (and full-width columns) through common.mako's
+            # STREAMV/STREAMI: on an H100 (20M non-zeros, same process) 1-16% faster in
+            # every case measured (cage10 float32 93.9 -> 80.9 us, astro-ph float32
+            # 109.2 -> 99.7, rajat01 float32 106.0 -> 96.9).
+            "streamed_loads": self.streamed_loads_ok()}
 
     def type_names(self):
         return {"pos_t": self.pos_dtype}

@@ -550,14 +550,11 @@ class CSR5(SpMVFormat):
                 "desc_words": words, "segmented_sum": self.params["segmented_sum"],
                 "has_empty_offset": self.has_empty_offset,
                 "run_group": self.params["run_group"],
-                "streamed_loads": self._streamed_loads()}
-
-    def _streamed_loads(self):
-        """Tiles' values and columns through ``STREAMV``/``STREAMI`` (common.mako) where
-        ``streamed_loads_ok``.  On an H100 (20M non-zeros, same process) 0-10% faster
-        on every case measured (cage10 float32 92.0 -> 83.3 us, Groebner_id2003_aug
-        float64 118.1 -> 110.1, astro-ph float32 112.9 -> 107.6)."""
-        return self.streamed_loads_ok()
+                # Tiles' values and columns through common.mako's STREAMV/STREAMI: on
+                # an H100 (20M non-zeros, same process) 0-10% faster in every case
+                # measured (cage10 float32 92.0 -> 83.3 us, Groebner_id2003_aug float64
+                # 118.1 -> 110.1, astro-ph float32 112.9 -> 107.6).
+                "streamed_loads": self.streamed_loads_ok()}
 
     def kernel_specs(self):
         tile_ptr = matrix("tile_ptr", "tile_ptr_t")

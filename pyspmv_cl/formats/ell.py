@@ -169,16 +169,6 @@ class ELL(LanesBlocks, SpMVFormat):
     complex_values = True
     order = 4
     template = "ell.mako"
-
-    def template_params(self):
-        """Columns and values through common.mako's ``streamed_loads`` where
-        ``streamed_loads_ok``: on an H100 (20M non-zeros, same process) up to 8% faster
-        (wathenSmall float64 130.2 -> 120.8 us), at worst 0.6% slower (bayer10
-        float64)."""
-        return {"streamed_loads": self._streamed_loads()}
-
-    def _streamed_loads(self):
-        return self.streamed_loads_ok()
     params = (P.work_group_size(), MAX_PADDING, LANE_COLUMNS)
     may_refuse = True
     converts_on_device = True
@@ -210,6 +200,13 @@ class ELL(LanesBlocks, SpMVFormat):
         check_padding(self.name, slots, csr.nnz,
                       [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize],
                       self.params.get("max_padding"), ADVICE, self.profile, "ELL")
+
+    def template_params(self):
+        """Columns and values through common.mako's ``streamed_loads`` where
+        ``streamed_loads_ok``: on an H100 (20M non-zeros, same process) up to 8% faster
+        (wathenSmall float64 130.2 -> 120.8 us), at worst 0.6% slower (bayer10
+        float64)."""
+        return {"streamed_loads": self.streamed_loads_ok()}
 
     def kernel_specs(self):
         return [ELL_KERNEL]
