@@ -44,7 +44,7 @@ import scipy
 import pyspmv_cl as psc
 from pyspmv_cl.bench.generators import from_spec, resolve_name
 from pyspmv_cl.bench.peers import available_peers
-from pyspmv_cl.launching import record_launches
+from pyspmv_cl.bench.runner import kernel_seconds
 
 MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
 
@@ -53,13 +53,6 @@ SHARED = ["wathenSmall", "szdMat", "bayer10", "cage10", "wing", "astro-ph", "fe_
           "Groebner_id2003_aug"]
 GENERATED = ["poisson2d:1000", "poisson3d:100", "random:1000000,10", "powerlaw:500000,8",
              "banded:1000000,5", "denserows:500000,4"]
-
-
-def kernel_seconds(op, x_dev, y_dev):
-    with record_launches() as events:
-        op.matvec(x_dev, out=y_dev)
-    op.queue.finish()
-    return (events[-1].profile.end - events[0].profile.start) * 1e-9 if events else 0.0
 
 
 def measure(label, A, dtype, args, peers, rng):
@@ -74,10 +67,6 @@ def measure(label, A, dtype, args, peers, rng):
     reference = A.astype(np.float64) @ x.astype(np.float64)
     q = op.queue
     x_dev, y_dev = cla.to_device(q, x), cla.empty(q, A.shape[0], op.dtype)
-    # The kernel-only column times the same format and parameters on the device's
-    # profiling queue (operators run on a queue without profiling).
-    kop = psc.SpMV(A, device=op.device.profiling_device(), format=op.format, **op.params)
-    xk, yk = cla.to_device(kop.queue, x), cla.empty(kop.queue, A.shape[0], op.dtype)
     default_mode = op._host_mode
     spin = op._host_spin
 
@@ -121,7 +110,8 @@ def measure(label, A, dtype, args, peers, rng):
                 t = time.perf_counter()
                 f()
                 samples[name].append(time.perf_counter() - t)
-        samples["kernel"] += [kernel_seconds(kop, xk, yk) for _ in range(args.calls)]
+        q.finish()   # x_dev written before kernel_seconds' queue reads it
+        samples["kernel"] += [kernel_seconds(op, x_dev, y_dev) for _ in range(args.calls)]
     op._host_mode = default_mode
     op.__dict__["_host_spin"] = spin
     row = {"matrix": label, "spin_us": spin * 1e6, "dtype": np.dtype(dtype).name, "nnz": int(A.nnz),

@@ -198,6 +198,16 @@ def _peer_finish(name, csr, dtype, impl, copy_gbps, rel_err):
     return finish
 
 
+def kernel_seconds(op, x_dev, y_dev):
+    """Device seconds of one product ``y_dev = op @ x_dev`` on the operator's current
+    format, all its kernels, from their profiling events on the device's profiling
+    queue: the operator's own queue has none, and its calls stay as a user's.  The
+    caller makes sure ``x_dev`` is written (that queue is another one)."""
+    impl = op._impl
+    queue = op.device.profiling_queue
+    return launches_seconds(lambda: impl.enqueue(queue, x_dev.data, y_dev.data, 1.0, 0.0))
+
+
 def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
     """(sample, finish) for one operator: ``sample()`` is the device seconds of one
     product on device-resident vectors, all its kernels included, from their profiling
@@ -206,13 +216,10 @@ def _operator_timer(op, x_host, name, csr, dtype, fmt, copy_gbps, reference):
     wall time of whole host-to-host calls and the error, and makes the row."""
     x_dev = cla.to_device(op.queue, x_host)
     y_dev = cla.empty(op.queue, op.shape[0], op.dtype)
-    timing = op.device.profiling_queue
     op.queue.finish()   # x_dev is written before the timing queue reads it
 
     def sample():
-        impl = op._impl   # the current format (an online tuning has finished)
-        return launches_seconds(
-            lambda: impl.enqueue(timing, x_dev.data, y_dev.data, 1.0, 0.0))
+        return kernel_seconds(op, x_dev, y_dev)
 
     def finish(seconds):
         wall = statistics.median(wall_times(lambda: op @ x_host, 5, min_time=0.05))
