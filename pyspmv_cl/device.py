@@ -226,13 +226,14 @@ class Device:
     """
 
     def __init__(self, cl_device, platform_index=None, device_index=None, *,
-                 context=None, queue=None, profile=None, _base=None):
+                 context=None, queue=None, profile=None, _base=None, callers_queue=None):
         self.cl_device = cl_device
         self.platform_index = platform_index
         self.device_index = device_index
         self._context = context
         self._queue = queue
-        self._callers_queue = queue is not None
+        # The caller's when they passed it (not the library's own profiling queue).
+        self._callers_queue = queue is not None if callers_queue is None else callers_queue
         self._timing_queue = None
         self._profiling_device = None
         self._evict_first = None
@@ -348,9 +349,8 @@ class Device:
         if self._profiling_device is None:
             self._profiling_device = Device(
                 self.cl_device, self.platform_index, self.device_index,
-                context=self.context, queue=queue, profile=self.profile)
-            self._profiling_device._callers_queue = False
-            self._profiling_device._evict_first = self._evict_first
+                context=self.context, queue=queue, profile=self.profile,
+                callers_queue=False)
         return self._profiling_device
 
     @property
