@@ -62,6 +62,28 @@ def test_model_is_the_argmin():
     assert table[bs, t] == min(table.values())
 
 
+
+@pytest.mark.parametrize("seed", range(8))
+def test_model_is_the_argmin_with_ties(seed):
+    """The model's shared passes (the longest rows of nested half-warps, the sums of
+    nested blocks, 32-bit counts when they cannot overflow) pick what the table of
+    eq. 4 per candidate picks, ties to the smallest T then the largest block."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(1, 3000))
+    rl = (rng.pareto(1.2, n) * rng.integers(1, 20)).astype(np.int64)
+    if seed % 4 == 3:
+        rl[rng.integers(0, n)] = 3 << 20   # a row too long for 32-bit block sums
+    cu, ws = int(rng.integers(1, 140)), int(rng.choice([8, 16, 32, 64]))
+    sizes = tuple(int(v) for v in rng.choice([32, 48, 64, 96, 128, 256, 512, 1024], 3,
+                                             replace=False))
+    overhead = int(rng.integers(0, 3))
+    ts = [1 << k for k in range(7) if 1 << k <= min(ws, 64)]
+    table = {(bs, t): ellrt_memory_accesses(rl, cu, ws, bs, t, overhead)
+             for t in ts for bs in sizes if bs % t == 0}
+    best = min(table.values())
+    expected = min((k for k, v in table.items() if v == best), key=lambda k: (k[1], -k[0]))
+    assert ellrt_model(rl, cu, ws, block_sizes=sizes, overhead=overhead) == expected
+
 # ------------------------------------------------------------------------ Table 1
 
 
