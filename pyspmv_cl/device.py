@@ -18,6 +18,7 @@ import numpy as np
 import pyopencl as cl
 
 from .cache import get_program, memory_generation
+from .codegen import helper
 from .errors import DeviceNotFoundError, InvalidInputError, KernelBuildError
 from .host_buffers import COPY, in_place_mode
 
@@ -132,20 +133,16 @@ def nvidia_compute_capability(cl_device):
     return None if major is None else (int(major), int(minor))
 
 
-#: The PTX loads of common.mako's ``streamed_loads``, one of each type it renders: built
-#: once per device (``Device.evict_first_loads``) before any kernel relies on them.
+#: A kernel reading through each of kernels/evict_first.cl's loads (the reads of
+#: common.mako's ``streamed_loads``): built once per device (``Device.evict_first_loads``)
+#: before any kernel relies on them.
 _EVICT_FIRST_PROBE = r"""
 __kernel void probe(__global const float *a, __global const double *b,
                     __global const int *c, __global const long *d,
                     __global const ushort *e, __global double *out)
 {
-    float f; double g; int i; long l; ushort h;
-    asm volatile("ld.global.nc.L1::evict_first.f32 %0, [%1];" : "=f"(f) : "l"(a));
-    asm volatile("ld.global.nc.L1::evict_first.f64 %0, [%1];" : "=d"(g) : "l"(b));
-    asm volatile("ld.global.nc.L1::evict_first.s32 %0, [%1];" : "=r"(i) : "l"(c));
-    asm volatile("ld.global.nc.L1::evict_first.s64 %0, [%1];" : "=l"(l) : "l"(d));
-    asm volatile("ld.global.nc.L1::evict_first.u16 %0, [%1];" : "=h"(h) : "l"(e));
-    out[0] = (double)f + g + (double)i + (double)l + (double)h;
+    out[0] = (double)evict_first_f32(a) + evict_first_f64(b) + (double)evict_first_s32(c)
+             + (double)evict_first_s64(d) + (double)evict_first_u16(e);
 }
 """
 
@@ -309,8 +306,8 @@ class Device:
 
     @property
     def evict_first_loads(self) -> bool:
-        """Whether kernels may read with PTX's ``ld.global.nc.L1::evict_first``
-        (common.mako's ``streamed_loads``): an NVIDIA GPU of compute capability 7.0+
+        """Whether kernels may read with PTX's evict-first loads (kernels/evict_first.cl,
+        through common.mako's ``streamed_loads``): an NVIDIA GPU of compute capability 7.0+
         (the real device's, whatever a profile override says) whose driver builds a
         probe of every form used; an older driver's PTX without the qualifier would
         refuse the kernels themselves.  Probed once."""
@@ -321,7 +318,8 @@ class Device:
             ok = capability is not None and capability >= (7, 0)
             if ok:
                 try:
-                    get_program(self.context, self.cl_device, _EVICT_FIRST_PROBE)
+                    get_program(self.context, self.cl_device,
+                                helper("evict_first.cl") + _EVICT_FIRST_PROBE)
                 except (KernelBuildError, cl.Error) as exc:   # the plain reads serve
                     ok = False
                     warnings.warn(

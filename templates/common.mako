@@ -64,25 +64,12 @@ static inline float half_ready(const double v)
 ## STREAMV(p) / STREAMI(p): the real_t / index_t at p, of a matrix array read once.
 ## With enabled (SpMVFormat.streamed_loads_ok: an NVIDIA GPU of compute capability 7.0+,
 ## real values at full width) through PTX's evict-first L1 policy, so that x's lines
-## stay in L1 longer; plain reads otherwise.  volatile: each load stays in its branch.
+## stay in L1 longer (kernels/evict_first.cl); plain reads otherwise.
 <%def name="streamed_loads(enabled)">
 % if enabled:
-<% vt, vc = ("f64", "d") if is_double else ("f32", "f") %>\
-<% it, ic = ("s64", "l") if index_t == "long" else ("s32", "r") %>\
-static inline real_t load_streamed(const __global real_t *p)
-{
-    real_t v;
-    asm volatile("ld.global.nc.L1::evict_first.${vt} %0, [%1];" : "=${vc}"(v) : "l"(p));
-    return v;
-}
-static inline index_t load_streamed_index(const __global index_t *p)
-{
-    index_t v;
-    asm volatile("ld.global.nc.L1::evict_first.${it} %0, [%1];" : "=${ic}"(v) : "l"(p));
-    return v;
-}
-#define STREAMV(p) load_streamed(p)
-#define STREAMI(p) load_streamed_index(p)
+${helper("evict_first.cl")}
+#define STREAMV(p) evict_first_${"f64" if is_double else "f32"}(p)
+#define STREAMI(p) evict_first_${"s64" if index_t == "long" else "s32"}(p)
 % else:
 #define STREAMV(p) (*(p))
 #define STREAMI(p) (*(p))

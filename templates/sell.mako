@@ -16,8 +16,7 @@ ${c.streamed_loads(streamed_loads)}
 static inline index_t streamed_column(const __global ushort *off, const index_t k,
                                       const index_t base)
 {
-    ushort o;
-    asm volatile("ld.global.nc.L1::evict_first.u16 %0, [%1];" : "=h"(o) : "l"(off + k));
+    const ushort o = evict_first_u16(off + k);
     return o == (ushort)0xFFFF ? (index_t)(-1) : base + (index_t)o;
 }
 #define SLOT_COL(k) streamed_column(col_off, (k), col_base_s)

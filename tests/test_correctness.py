@@ -500,6 +500,56 @@ def test_streamed_loads_only_on_nvidia_from_volta(fmt, params, dtypes, device, r
         assert capability is None
 
 
+@pytest.mark.parametrize("fmt,params,dtypes", STREAMED, ids=[f for f, _, _ in STREAMED])
+def test_streamed_loads_render_the_one_helper(fmt, params, dtypes, device, rng):
+    """With streamed_loads on (rendered only: the PTX builds on NVIDIA alone), every
+    format's source reads through kernels/evict_first.cl, included once, STREAMV and
+    STREAMI naming the function of the value and index types (sell's 16-bit columns:
+    its u16 read); the same text is the probe Device.evict_first_loads builds."""
+    from pyspmv_cl import codegen
+    from pyspmv_cl.device import _EVICT_FIRST_PROBE
+
+    if fmt not in FORMATS:
+        pytest.skip(f"no {fmt} format")
+    helper = codegen.helper("evict_first.cl")
+    A = CASES["power_law"](rng) if fmt not in ("ell", "sell") else CASES["row_length_sweep"](rng)
+    extra = {"col_bits": 16} if fmt == "sell" else {}
+    for dtype in dtypes:
+        if not device.profile.fp64 and dtype == np.float64:
+            continue
+        for index_bits in (32, 64):
+            op = psc.SpMV(A, format=fmt, dtype=dtype, device=device, index_bits=index_bits,
+                          **params, **extra)
+            impl, program = op._impl, op._impl.programs()[0]
+            source = codegen.render(program.template, dtype=impl.dtype,
+                                    index_dtype=impl.index_dtype, profile=device.profile,
+                                    kernels=program.kernels, work_group_size=64,
+                                    **{**program.params, "streamed_loads": True})
+            assert source.count(helper) == 1
+            value = "f64" if dtype == np.float64 else "f32"
+            index = "s64" if impl.index_dtype == np.int64 else "s32"
+            assert f"#define STREAMV(p) evict_first_{value}(p)" in source
+            assert f"#define STREAMI(p) evict_first_{index}(p)" in source
+            if fmt == "sell":
+                assert "evict_first_u16(off + k)" in source
+    for name in ("f32", "f64", "s32", "s64", "u16"):
+        assert f"evict_first_{name}(" in _EVICT_FIRST_PROBE
+        assert f"evict_first.{name} " in helper
+
+
+def test_the_evict_first_ptx_is_written_once():
+    """kernels/evict_first.cl holds the PTX loads; no template or module repeats them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    holders = sorted(str(path.relative_to(root)) for folder in ("templates", "kernels",
+                                                                "pyspmv_cl")
+                     for path in (root / folder).rglob("*")
+                     if path.is_file() and path.suffix in (".mako", ".cl", ".py")
+                     and "ld.global" in path.read_text(encoding="utf-8"))
+    assert holders == ["kernels/evict_first.cl"]
+
+
 # (work_group_size, items_per_thread, reduction) of the merge mapping (its own sweep:
 # tests/test_csr_vector_merge.py): every case of the corpus with small groups, whose
 # rows cross work-items and groups, and with the default shape.
