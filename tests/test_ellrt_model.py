@@ -11,6 +11,7 @@ import scipy.io
 import scipy.sparse as sp
 from conftest import MATRIX_DIR
 
+from pyspmv_cl.formats import ellrt_model as ellrt_model_module
 from pyspmv_cl.formats.ellrt_model import ellrt_memory_accesses, ellrt_model
 
 GTX285 = dict(compute_units=30, warp_size=32)
@@ -64,7 +65,7 @@ def test_model_is_the_argmin():
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_model_is_the_argmin_with_ties(seed):
+def test_model_is_the_argmin_with_ties(seed, monkeypatch):
     """The model's shared passes (the longest rows of nested half-warps, the sums of
     nested blocks, 32-bit counts when they cannot overflow) pick what the table of
     eq. 4 per candidate picks, ties to the smallest T then the largest block."""
@@ -82,6 +83,9 @@ def test_model_is_the_argmin_with_ties(seed):
              for t in ts for bs in sizes if bs % t == 0}
     best = min(table.values())
     expected = min((k for k, v in table.items() if v == best), key=lambda k: (k[1], -k[0]))
+    assert ellrt_model(rl, cu, ws, block_sizes=sizes, overhead=overhead) == expected
+    # The same on threads (one per T), as for millions of rows.
+    monkeypatch.setattr(ellrt_model_module, "PARALLEL_ROWS", 1)
     assert ellrt_model(rl, cu, ws, block_sizes=sizes, overhead=overhead) == expected
 
 # ------------------------------------------------------------------------ Table 1

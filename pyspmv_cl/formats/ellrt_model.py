@@ -36,11 +36,16 @@ can be rebuilt (tests/test_ellrt_model.py):
 The other rows need matrices that are not available here (UF collection downloads).
 """
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..errors import InvalidParameterError
 
 DEFAULT_BLOCK_SIZES = (128, 256, 512)
+#: Rows from which the candidate T values are evaluated on threads of their own.
+PARALLEL_ROWS = 1 << 20
 
 
 def _positive_ints(name, values):
@@ -195,21 +200,30 @@ def ellrt_model(row_lengths, compute_units, warp_size, block_sizes=DEFAULT_BLOCK
     # the rows are read once, not once per t (5M rows: 0.66 -> 0.05 s with the rest).
     maxima = _nested(rl, [max(1, half_warp // t) for t in ts if t <= half_warp],
                      np.maximum) if rl.size else {}
-    best = None
-    for t in ts:
+
+    def candidates(t):   # {block size: M} for this t
         sizes = [bs for bs in sorted(set(block_sizes), reverse=True) if bs % t == 0]
         if not rl.size:
-            ms = {bs: 0 for bs in sizes}
-        else:
-            costs, unit_threads = _unit_costs(rl, t, half_warp, overhead,
-                                              maxima.get(max(1, half_warp // t)))
-            whole = [bs for bs in sizes if bs % unit_threads == 0]
-            sums = _nested(costs, [bs // unit_threads for bs in whole], np.add)
-            ms = {bs: _busiest(sums[bs // unit_threads], compute_units) if bs in whole
-                  else _accesses(rl, compute_units, half_warp, bs, t, overhead,
-                                 (costs, unit_threads)) for bs in sizes}
-        for bs in sizes:
-            m = ms[bs]
+            return {bs: 0 for bs in sizes}
+        costs, unit_threads = _unit_costs(rl, t, half_warp, overhead,
+                                          maxima.get(max(1, half_warp // t)))
+        whole = [bs for bs in sizes if bs % unit_threads == 0]
+        sums = _nested(costs, [bs // unit_threads for bs in whole], np.add)
+        return {bs: _busiest(sums[bs // unit_threads], compute_units) if bs in whole
+                else _accesses(rl, compute_units, half_warp, bs, t, overhead,
+                               (costs, unit_threads)) for bs in sizes}
+
+    # Each t on a thread of its own for millions of rows: numpy's passes release the
+    # GIL (5.1M rows on this repository's 2-core VM: 51 -> 40 ms).
+    workers = min(len(ts), os.cpu_count() or 1) if rl.size >= PARALLEL_ROWS else 1
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            tables = list(pool.map(candidates, ts))
+    else:
+        tables = [candidates(t) for t in ts]
+    best = None
+    for t, table in zip(ts, tables):
+        for bs, m in table.items():
             if best is None or m < best[0]:  # strict: earlier (smaller T, larger BS) wins ties
                 best = (m, bs, t)
     if best is None:
