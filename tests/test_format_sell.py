@@ -286,13 +286,38 @@ def test_auto_sigma(device, rng):
     check_all(op, skewed, np.float32, rng)
 
 
+
+@pytest.mark.parametrize("seed", range(8))
+def test_auto_sigma_is_the_ladder(seed):
+    """auto_sigma's shortcut (sigma = 1 when the unsorted slices pad within the slack of
+    the entries themselves, without sorting the whole matrix) picks what the ladder of
+    windows against the whole sort picks."""
+    from pyspmv_cl.formats.sell import AUTO_SIGMA_SLACK, LADDER_STEP
+
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 4000))
+    if seed % 2:   # nearly regular rows: the shortcut's case
+        lengths = rng.integers(5, 5 + seed, m)
+    else:
+        lengths = (rng.pareto(rng.uniform(0.8, 5), m) * rng.integers(1, 10)).astype(np.int64)
+    for C in (4, 8, 32):
+        expected = 1
+        if m > C:
+            limit, sigma, expected = AUTO_SIGMA_SLACK * padded_size(lengths, C, "all"), 1, "all"
+            while sigma < m:
+                if padded_size(lengths, C, sigma) <= limit:
+                    expected = sigma
+                    break
+                sigma = LADDER_STEP * C if sigma == 1 else LADDER_STEP * sigma
+        assert auto_sigma(lengths, C) == expected
+
 def test_sort_permutation_helpers(rng):
     lengths = rng.integers(0, 20, 103)
     for sigma in (1, 8, 32, 103, 1000, "all"):
         perm = sort_permutation(lengths, sigma)
         assert np.array_equal(np.sort(perm), np.arange(103))
         # padded_size agrees with a direct count over the permuted rows.
-        for C in (1, 4, 8):
+        for C in (1, 3, 4, 6, 8):
             if sigma not in (1, "all") and sigma < 103 and sigma % C:
                 continue
             sl = np.zeros(-(-103 // C) * C, dtype=np.int64)

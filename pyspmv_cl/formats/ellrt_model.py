@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..host_arrays import reduce_groups
 
 DEFAULT_BLOCK_SIZES = (128, 256, 512)
 #: Rows from which the candidate T values are evaluated on threads of their own.
@@ -59,22 +60,6 @@ def _positive_ints(name, values):
 def _pad_to(array, length):
     out = np.zeros(length, dtype=array.dtype)
     out[:array.size] = array
-    return out
-
-
-def _reduce_groups(values, group, ufunc):
-    """``ufunc`` over consecutive groups of ``group`` values, the last group possibly
-    short (as if padded with zeros: every value here is non-negative).  The whole groups
-    are reduced through a view: no padded copy of an array with a row per entry."""
-    full = values.size // group * group
-    if group & (group - 1) == 0:   # halves: numpy is slow over short rows of a reshape
-        out = values[:full]
-        while out.size > full // group:
-            out = ufunc(out[0::2], out[1::2])
-    else:
-        out = ufunc.reduce(values[:full].reshape(-1, group), axis=1)
-    if full < values.size:
-        out = np.append(out, ufunc.reduce(values[full:]))
     return out
 
 
@@ -96,8 +81,7 @@ def _unit_costs(row_lengths, t, half_warp, overhead, longest=None):
     if t <= half_warp:
         group = max(1, half_warp // t)
         if longest is None:
-            longest = _reduce_groups(row_lengths, group, np.maximum) if group > 1 \
-                else row_lengths
+            longest = reduce_groups(row_lengths, group, np.maximum)
         return _ceil_div(longest, t) + overhead, group * t
     span = -(-t // half_warp)
     return span * (_ceil_div(row_lengths, t) + overhead), t
@@ -111,7 +95,7 @@ def _nested(base, groups, ufunc):
     for group in sorted(set(groups)):
         inner = max(g for g in out if group % g == 0)
         if group != inner:
-            out[group] = _reduce_groups(out[inner], group // inner, ufunc)
+            out[group] = reduce_groups(out[inner], group // inner, ufunc)
     return out
 
 
@@ -126,8 +110,7 @@ def _busiest(blocks, compute_units):
 def _busiest_unit_sum(costs, units_per_block, compute_units):
     """Eq. 1, 2 and 4: blocks of ``units_per_block`` consecutive units, assigned
     cyclically to the compute units; the largest sum over one compute unit."""
-    blocks = _reduce_groups(costs, units_per_block, np.add) if units_per_block > 1 \
-        else costs
+    blocks = reduce_groups(costs, units_per_block, np.add)
     return _busiest(blocks, compute_units)
 
 

@@ -136,9 +136,8 @@ def padded_size(row_lengths, slice_height, sigma):
     if m == 0:
         return 0
     if window == 1:   # unsorted: the longest row of each slice
-        padded = np.zeros(-(-m // C) * C, dtype=np.int64)
-        padded[:m] = row_lengths
-        return int(padded.reshape(-1, C).max(axis=1).sum()) * C
+        return int(host_arrays.reduce_groups(row_lengths, C, np.maximum)
+                   .sum(dtype=np.int64)) * C
     n_windows = -(-m // window)
     dtype = np.int32 if int(row_lengths.max(initial=0)) < 2**31 - 1 else np.int64
     grid = np.full(n_windows * window, -1, dtype=dtype)  # -1: rows past m sort last
@@ -151,6 +150,10 @@ def auto_sigma(row_lengths, slice_height):
     """σ for ``sigma="auto"``: see AUTO_SIGMA_SLACK."""
     m, C = row_lengths.size, slice_height
     if m <= C:
+        return 1
+    # No sort pads less than the entries themselves: within the slack of those, the
+    # unsorted slices win without sorting the whole matrix (5.1M rows: 34 -> 5 ms).
+    if padded_size(row_lengths, C, 1) <= AUTO_SIGMA_SLACK * int(row_lengths.sum()):
         return 1
     best = padded_size(row_lengths, C, "all")
     limit = AUTO_SIGMA_SLACK * best
@@ -315,14 +318,14 @@ class SELL(LanesBlocks, SpMVFormat):
         row_lengths = np.diff(indptr)
         if sigma == "auto":
             self.params["sigma"] = sigma = auto_sigma(row_lengths, C)
-        perm = sort_permutation(row_lengths, sigma)
-        self._has_perm = not np.array_equal(perm, np.arange(m))
-
         # Slice widths from the sorted lengths; rows past m (last slice) have length 0.
+        # Unsorted (σ = 1), the rows keep their order: no permutation to build, compare
+        # and gather (5.1M rows: 60 -> 6 ms).
         self.n_slices = -(-m // C)
-        sorted_lengths = np.zeros(self.n_slices * C, dtype=np.int64)
-        sorted_lengths[:m] = row_lengths[perm]
-        slice_widths = sorted_lengths.reshape(self.n_slices, C).max(axis=1, initial=0)
+        perm = None if _window(sigma, m) == 1 else sort_permutation(row_lengths, sigma)
+        self._has_perm = perm is not None and not np.array_equal(perm, np.arange(m))
+        sorted_lengths = row_lengths[perm] if self._has_perm else row_lengths
+        slice_widths = host_arrays.reduce_groups(sorted_lengths, C, np.maximum)
         slice_ptr = np.zeros(self.n_slices + 1, dtype=np.int64)
         np.cumsum(slice_widths * C, out=slice_ptr[1:])
         self._check_index_width(int(slice_ptr[-1]))
