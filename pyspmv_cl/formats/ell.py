@@ -22,7 +22,7 @@ Host API reused by ``hyb`` (stable):
     of a CSR matrix holding at most ``width`` entries per row (ValueError otherwise);
     entries in their CSR order (duplicates and explicit zeros kept), padding slots
     ``col_idx == -1``, ``values == 0``.
-``ell_layout(csr, profile) -> (width, row_align, stride)``
+``ell_layout(csr, profile) -> (width, row_align, stride)`` (``ell_geometry`` without the width)
     The longest row, the SIMD alignment of the columns and the stride.
 ``ELL_KERNEL``
     The ``ell`` kernel's arguments (``templates/ell.mako``): ``n_rows``, ``stride``,
@@ -91,13 +91,19 @@ def row_slots(indptr):
     return rows, position, lengths
 
 
+def ell_geometry(n_rows, profile):
+    """(row_align, stride) of ELL arrays of ``n_rows`` rows on a device with ``profile``:
+    the SIMD width (a power of two) and the row count aligned to it."""
+    row_align = pow2_floor(max(1, profile.simd_width))
+    return row_align, ell_stride(n_rows, row_align)
+
+
 def ell_layout(csr, profile):
     """(width, row_align, stride) of ``csr``'s ELL arrays on a device with ``profile``:
-    the longest row, the SIMD width (a power of two) and the row count aligned to it."""
+    the longest row, and :func:`ell_geometry`."""
     m = csr.shape[0]
-    row_align = pow2_floor(max(1, profile.simd_width))
     width = int(np.diff(csr.indptr).max(initial=0)) if m else 0
-    return width, row_align, ell_stride(m, row_align)
+    return (width, *ell_geometry(m, profile))
 
 
 def ell_slots(rows, position, stride):

@@ -29,7 +29,7 @@ from . import params as P
 from .base import SpMVFormat, csr_bytes, launch_rows
 from .builder import ProgramSpec
 from .coo import ITEMS_PER_THREAD, LAYOUT, SCAN, COOPart, check_chunk, default_coo_params
-from .ell import ELL, ELL_KERNEL, check_padding, ell_arrays, ell_layout, ell_slots, row_slots
+from .ell import ELL, ELL_KERNEL, check_padding, ell_arrays, ell_geometry, ell_slots, row_slots
 from .registry import register
 
 RELATIVE_SPEED = 3.0
@@ -61,11 +61,11 @@ class _Structure:
         self.nnz = int(self.indptr[-1])
 
 
-def split_structure(indptr, shape, width):
-    """(ELL part, COO part) of :func:`split_csr`, shape and row pointers only."""
-    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
-    return (_Structure(shape, np.minimum(lengths, width)),
-            _Structure(shape, np.maximum(lengths - width, 0)))
+def coo_structure(lengths, shape, width):
+    """The COO part of :func:`split_csr` (what rows keep past ``width``), shape and row
+    pointers only, from the row lengths: a matrix on the device is split only there.
+    The ELL part needs no row pointers (its entries: nnz less the COO part's)."""
+    return _Structure(shape, np.maximum(lengths - width, 0))
 
 
 def split_csr(csr, width):
@@ -128,13 +128,14 @@ class HYB(SpMVFormat):
         if width is None:
             width = hyb_width(lengths, p["relative_speed"], p["breakeven_threshold"])
         width = min(width, int(lengths.max(initial=0)))
-        ell_csr, coo_csr = split_structure(csr.indptr, csr.shape, width)
+        coo_csr = coo_structure(lengths, csr.shape, width)
+        ell_nnz = int(csr.indptr[-1]) - coo_csr.nnz
 
         # The ELL part: K columns of stride rows (never refused for padding).
-        _, self.row_align, self.stride = ell_layout(ell_csr, self.profile)
+        self.row_align, self.stride = ell_geometry(csr.shape[0], self.profile)
         self.width = width
         slots = self.width * self.stride
-        check_padding(self.name, slots, ell_csr.nnz,
+        check_padding(self.name, slots, ell_nnz,
                       [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize],
                       None, "csr-vector", self.profile, "ELL")
 
@@ -149,7 +150,7 @@ class HYB(SpMVFormat):
                            empty_rows=False)
         self.check_group_size("coo_work_group_size", self.coo.local_bytes)
         self.coo.analyse(coo_csr)
-        p.update(ell_width=self.width, ell_nnz=int(ell_csr.nnz), coo_nnz=int(coo_csr.nnz))
+        p.update(ell_width=self.width, ell_nnz=ell_nnz, coo_nnz=int(coo_csr.nnz))
         self._coo_indptr = coo_csr.indptr
 
     def programs(self):
