@@ -153,13 +153,15 @@ class ELLRT(SpMVFormat):
         """``T`` and ``work_group_size`` left open are chosen by the model; then the
         padded arrays are checked before anything is built."""
         t, wg = self.params["T"], self.params["work_group_size"]
+        # The row lengths once (5.1M rows: each pass 6-9 ms), kept for convert_device.
+        self._lengths = lengths = np.diff(csr.indptr)
         if t is None or wg is None:
-            wg, t = self._model(csr, self.profile, t, wg)
+            wg, t = self._model(lengths, self.profile, t, wg)
         self.params["work_group_size"], self.params["T"] = int(wg), int(t)
         t = self.params["T"]
         self.row_align = pow2_floor(max(1, self.profile.simd_width))
         m = csr.shape[0]
-        iterations = -(-int(np.diff(csr.indptr).max(initial=0)) // t) if m else 0
+        iterations = -(-int(lengths.max(initial=0)) // t) if m else 0
         slots = iterations * ell_stride(m, self.row_align) * t
         check_padding(self.name, slots, csr.nnz,
                       [slots * self.dtype.itemsize, slots * self.index_dtype.itemsize,
@@ -168,7 +170,7 @@ class ELLRT(SpMVFormat):
                       "ELLPACK-R")
 
     @staticmethod
-    def _model(csr, profile, t, wg):
+    def _model(lengths, profile, t, wg):
         """``(work_group_size, T)`` by the paper's model, over the candidates the caller
         left open."""
         ts = (t,) if t is not None else t_candidates(profile)
@@ -177,7 +179,7 @@ class ELLRT(SpMVFormat):
         sizes = (wg,) if wg is not None else block_size_candidates(profile)
         if t is not None and wg is None:
             sizes = tuple(bs for bs in sizes if bs % t == 0) or (max(t, sizes[-1]),)
-        return ellrt_model(np.diff(csr.indptr), profile.compute_units, profile.simd_width,
+        return ellrt_model(lengths, profile.compute_units, profile.simd_width,
                            block_sizes=sizes, t_values=ts, overhead=MODEL_OVERHEAD)
 
     def programs(self):
@@ -186,6 +188,7 @@ class ELLRT(SpMVFormat):
         return [*super().programs(), *conversion]
 
     def convert(self, csr):
+        self.__dict__.pop("_lengths", None)   # analyse's, for convert_device only
         col_idx, values, row_length, self.slice = ellrt_arrays(
             csr, self.params["T"], self.row_align, self.index_dtype, self.dtype)
         return {"col_idx": col_idx, "values": values, "row_length": row_length}
@@ -194,11 +197,14 @@ class ELLRT(SpMVFormat):
         """The same arrays made on the device (ell_device); the row lengths come from
         ``indptr``, which is on the host too."""
         t = self.params["T"]
-        lengths = np.diff(np.asarray(csr.indptr, dtype=np.int64))
+        lengths = self.__dict__.pop("_lengths", None)
+        if lengths is None:
+            lengths = np.diff(np.asarray(csr.indptr))
         iterations = -(-int(lengths.max(initial=0)) // t)
         self.slice = ell_stride(self.shape[0], self.row_align) * t
         col_idx, values = ell_device.scatter(self, csr, iterations * self.slice, self.slice)
-        row_length = cla.to_device(self.device.queue, lengths.astype(self.index_dtype))
+        row_length = cla.to_device(self.device.queue,
+                                  lengths.astype(self.index_dtype, copy=False))
         return {"col_idx": col_idx, "values": values, "row_length": row_length}
 
     def values_in_csr_order(self, queue, indptr):
