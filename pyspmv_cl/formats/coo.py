@@ -142,7 +142,8 @@ class COOPart:
         """Counts and the position type (before the build: the kernel source uses it)."""
         self.n_rows = int(csr.shape[0])
         self.nnz = int(csr.nnz)
-        self.row_lengths = np.diff(csr.indptr)
+        lengths = getattr(csr, "row_lengths", None)   # hyb's COO part has them
+        self.row_lengths = np.diff(csr.indptr) if lengths is None else lengths
         self.n_empty = (int(np.count_nonzero(self.row_lengths == 0)) if self.empty_rows
                         else 0)
         self.pos_dtype = self._pos_dtype(self.work_group_size * self.items_per_thread)

@@ -46,7 +46,13 @@ def hyb_width(row_lengths, relative_speed=RELATIVE_SPEED,
     needed = max(1, int(breakeven_threshold), math.ceil(m / relative_speed))
     if needed > m:
         return 0
-    # At least `needed` rows have length >= K  <=>  the needed-th longest row has >= K.
+    # At least `needed` rows have length >= K  <=>  the needed-th longest row has >= K:
+    # the (m - needed)-th smallest length, from a histogram of the lengths (one pass,
+    # no copy: 5.1M rows, 39 -> 10 ms), or a partition where rows are very long.
+    longest = int(row_lengths.max())
+    if longest < 1 << 22:
+        at_most = np.cumsum(np.bincount(row_lengths, minlength=longest + 1))
+        return int(np.searchsorted(at_most, m - needed, side="right"))
     return int(np.partition(row_lengths, m - needed)[m - needed])
 
 
@@ -56,6 +62,7 @@ class _Structure:
 
     def __init__(self, shape, lengths):
         self.shape = tuple(shape)
+        self.row_lengths = lengths   # COOPart.analyse's, without a pass over indptr
         self.indptr = np.zeros(lengths.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=self.indptr[1:])
         self.nnz = int(self.indptr[-1])
@@ -65,7 +72,8 @@ def coo_structure(lengths, shape, width):
     """The COO part of :func:`split_csr` (what rows keep past ``width``), shape and row
     pointers only, from the row lengths: a matrix on the device is split only there.
     The ELL part needs no row pointers (its entries: nnz less the COO part's)."""
-    return _Structure(shape, np.maximum(lengths - width, 0))
+    rest = np.subtract(lengths, width)
+    return _Structure(shape, np.maximum(rest, 0, out=rest))
 
 
 def split_csr(csr, width):
