@@ -39,6 +39,27 @@ def ranked(A, profile=None, dtype=np.float32):
     return [name for name, _ in order], dict(skipped)
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_features_row_statistics(seed):
+    """MatrixFeatures' row-length statistics (the spread from integer sums) equal
+    numpy's on random CSR matrices, int32 and int64 row pointers, empty rows included."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    m, n = int(rng.integers(1, 3000)), int(rng.integers(1, 3000))
+    lengths = (rng.pareto(rng.uniform(0.6, 4), m) * rng.integers(1, 20)).astype(np.int64)
+    lengths[rng.random(m) < 0.1] = 0
+    lengths = np.minimum(lengths, n)
+    indptr = np.concatenate(([0], np.cumsum(lengths))).astype([np.int32, np.int64][seed % 2])
+    indices = np.concatenate([rng.choice(n, k, replace=False) for k in lengths]
+                             or [np.zeros(0, np.int64)]).astype(indptr.dtype)
+    A = sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(m, n))
+    f = MatrixFeatures.from_csr(A, count_diagonals=False)
+    assert f.std_row_length == pytest.approx(float(lengths.std()), rel=1e-12, abs=1e-12)
+    assert f.max_row_length == lengths.max() and f.empty_rows == np.count_nonzero(lengths == 0)
+    assert f.mean_row_length == pytest.approx(lengths.mean())
+
 def test_padding_prunes_dia_and_ell_family_before_building():
     names, skipped = ranked(generators.power_law(20000, 8, seed=1))
     for fmt in ("ell", "ellr-t"):
