@@ -116,6 +116,46 @@ def test_paper_figure_6_first_result_entries(device):
     np.testing.assert_allclose(op @ x, C @ x, rtol=1e-6)
 
 
+
+@pytest.mark.parametrize("slices", [1, 2])
+def test_one_by_one_blocks_of_a_sorted_csr(slices, rng):
+    """build_blocks' shortcut for 1 x 1 blocks whose keys are already in order (each
+    entry a block, rows and columns taken as they are) gives the Blocks the general
+    path gives the same matrix with each row's entries shuffled: empty rows (dummies),
+    duplicates, stored zeros (-0.0) and int64 indices included."""
+    from pyspmv_cl.formats.bccoo_convert import build_blocks
+
+    for case in range(6):
+        m, n = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+        A = sp.random(m, n, density=float(rng.uniform(0.005, 0.2)), format="csr",
+                      random_state=rng)
+        if case % 2 or case == 4:   # no empty rows: the shortcut returns at once
+            A = (A + sp.eye(m, n, format="csr")).tocsr()
+        A.data[rng.random(A.nnz) < 0.1] = 0.0
+        if case == 4:   # a copy of row 0's first entry beside it (scipy keeps both)
+            at = A.indptr[0]
+            A = sp.csr_matrix((np.insert(A.data, at, 2.5), np.insert(A.indices, at, A.indices[at]),
+                               np.r_[A.indptr[:1], A.indptr[1:] + 1]), shape=A.shape)
+        if case == 5:
+            A.indices = A.indices.astype(np.int64)
+            A.indptr = A.indptr.astype(np.int64)
+        shuffled = A.copy()
+        # A test's loop over rows: the shuffle itself (not row 0 when it holds the two
+        # copies, whose order stays CSR's on both paths).
+        for i in range(1 if case == 4 else 0, m):
+            lo, hi = shuffled.indptr[i], shuffled.indptr[i + 1]
+            p = rng.permutation(hi - lo) + lo
+            shuffled.indices[lo:hi], shuffled.data[lo:hi] = A.indices[p], A.data[p]
+        shuffled.has_sorted_indices = False
+        fast = build_blocks(A, 1, 1, slices, np.float32)
+        general = build_blocks(shuffled, 1, 1, slices, np.float32)
+        for field in ("n_block_rows", "n_block_cols", "slices"):
+            assert getattr(fast, field) == getattr(general, field)
+        assert np.array_equal(fast.block_cols, general.block_cols)
+        assert np.array_equal(fast.stops, general.stops)
+        assert np.array_equal(fast.values.view(np.uint32), general.values.view(np.uint32))
+        assert not np.shares_memory(fast.block_cols, A.indices)
+
 def test_group_full_skips_the_scan(device, rng):
     """One non-zero per row and tiles of 4: every thread has a row stop, every group is
     flagged to skip the scan, and the results are still right; one long row clears it."""

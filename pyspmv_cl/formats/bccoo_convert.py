@@ -73,10 +73,23 @@ def _duplicate_rank(csr, rows, cols):
     return rank if rank.any() else None
 
 
+def _div(values, divisor):
+    """``values // divisor`` for non-negative values: the values themselves for 1 (the
+    default 1 x 1 blocks and single slice), a shift for powers of two (numpy's integer
+    division costs 60-150 ms per pass over 20M entries)."""
+    divisor = int(divisor)
+    if divisor == 1:
+        return values
+    if divisor & (divisor - 1) == 0:
+        return values >> (divisor.bit_length() - 1)
+    return values // divisor
+
+
 def _block_keys(csr, h, w, slices):
     """Sort keys of the entries' blocks: (rearranged block row, block column, copy).
     Returns keys, rows, cols, block rows per slice, block columns, copies per column
-    (L) and the key stride of a rearranged row."""
+    (L), the key stride of a rearranged row, and each entry's rearranged block row and
+    block column (what the keys are made of)."""
     m, n = csr.shape
     n_block_rows = -(-m // h)
     n_block_cols = -(-n // w)
@@ -84,14 +97,18 @@ def _block_keys(csr, h, w, slices):
     cols = csr.indices.astype(np.int64, copy=False)
     rank = _duplicate_rank(csr, rows, cols)
     copies = 1 if rank is None else int(rank.max()) + 1
-    block_cols = cols // w
-    rearranged = (block_cols // slice_width(n_block_cols, slices)) * n_block_rows + rows // h
+    block_cols = _div(cols, w)
+    rearranged = _div(rows, h)
+    if slices > 1:   # one slice holds every block column: its index is 0
+        rearranged = (_div(block_cols, slice_width(n_block_cols, slices)) * n_block_rows
+                      + rearranged)
     # +1: dummies (block column 0, copy 0) never collide across rows even when n == 0.
     row_stride = (n_block_cols + 1) * copies
-    keys = rearranged * row_stride + block_cols * copies
+    keys = rearranged * row_stride
+    keys += block_cols if copies == 1 else block_cols * copies
     if rank is not None:
         keys += rank
-    return keys, rows, cols, n_block_rows, copies, row_stride
+    return keys, rows, cols, n_block_rows, copies, row_stride, rearranged, block_cols
 
 
 def _sorted_unique(keys):
@@ -106,7 +123,7 @@ def _sorted_unique(keys):
 
 def count_blocks(csr, h, w, slices=1):
     """(non-zero blocks, dummy blocks for empty rearranged rows) of this shape."""
-    keys, _, _, n_block_rows, _, row_stride = _block_keys(csr, h, w, slices)
+    keys, _, _, n_block_rows, _, row_stride, _, _ = _block_keys(csr, h, w, slices)
     unique = _sorted_unique(keys)
     block_rows = unique // row_stride       # sorted: count the changes
     rows_used = int(block_rows.size and 1 + np.count_nonzero(block_rows[1:] != block_rows[:-1]))
@@ -114,13 +131,30 @@ def count_blocks(csr, h, w, slices=1):
 
 
 def build_blocks(csr, h, w, slices=1, dtype=np.float64):
-    keys, rows, cols, n_block_rows, copies, stride = _block_keys(csr, h, w, slices)
+    keys, rows, cols, n_block_rows, copies, stride, rearranged, block_cols = \
+        _block_keys(csr, h, w, slices)
     n_block_cols = -(-csr.shape[1] // w)
-    if keys.size and np.all(keys[1:] > keys[:-1]):   # 1 x 1 blocks of a sorted CSR
+    n_rows_total = slices * n_block_rows
+    if h == w == 1 and keys.size and np.all(keys[1:] > keys[:-1]):
+        # 1 x 1 blocks of a sorted CSR (the GPU default): every entry is a block, in
+        # order, and the blocks' rows and columns are the entries' (no unique, no
+        # division by the key stride: 20M entries, about 1 s less on a 2-core VM).
+        used = np.zeros(n_rows_total, dtype=bool)
+        used[rearranged] = True
+        if used.all():
+            stops = np.ones(keys.size, dtype=bool)
+            stops[:-1] = rearranged[1:] != rearranged[:-1]
+            values = np.asarray(csr.data).astype(dtype)
+            values[values == 0] = -0.0   # stored zero: multiplied (see below)
+            if np.shares_memory(block_cols, csr.indices):   # the caller's array
+                block_cols = block_cols.copy()
+            return Blocks(h, w, slices, n_block_rows, n_block_cols, block_cols, stops,
+                          values.reshape(1, keys.size, 1))
+        unique, inverse = keys, np.arange(keys.size)
+    elif keys.size and np.all(keys[1:] > keys[:-1]):   # sorted, unique keys
         unique, inverse = keys, np.arange(keys.size)
     else:
         unique, inverse = np.unique(keys, return_inverse=True)
-    n_rows_total = slices * n_block_rows
     used = np.zeros(n_rows_total, dtype=bool)
     used[unique // stride] = True
     dummy_keys = np.flatnonzero(~used).astype(np.int64) * stride
