@@ -8,23 +8,10 @@
 ${c.preamble()}
 <% C = slice_height %>
 #define C ${C}
-${sc.columns()}
+## streamed_loads (only with the work-items-per-row mapping): a slot's column and value
+## each read once with the evict-first L1 policy (common.mako).
 ${c.streamed_loads(streamed_loads)}
-## The work-items-per-row mapping's reads of a slot's column and value: with
-## streamed_loads (common.mako) each read once with the evict-first L1 policy.
-% if streamed_loads and col_bits == 16:
-static inline index_t streamed_column(const __global ushort *off, const index_t k,
-                                      const index_t base)
-{
-    const ushort o = evict_first_u16(off + k);
-    return o == (ushort)0xFFFF ? (index_t)(-1) : base + (index_t)o;
-}
-#define SLOT_COL(k) streamed_column(col_off, (k), col_base_s)
-% elif streamed_loads:
-#define SLOT_COL(k) STREAMI(col_idx + (k))
-% else:
-#define SLOT_COL(k) COL(k)
-% endif
+${sc.columns(streamed_loads)}
 % if streamed_loads:
 #define SLOT_VALUE(k) STREAMV(values + (k))
 % else:
@@ -77,7 +64,7 @@ ${c.store_y("out", "sum[lane]")}
 ${sc.slice_base()}
         const index_t end = slice_ptr[slice + 1];
         for (index_t k = slice_ptr[slice] + ${"t * C + " if T > 1 else ""}lane; k < end; k += ${C * T}) {
-            const index_t col = SLOT_COL(k);
+            const index_t col = COL(k);
             if (col >= 0)
                 sum += MUL(SLOT_VALUE(k), x[col]);
         }

@@ -531,7 +531,7 @@ def test_streamed_loads_render_the_one_helper(fmt, params, dtypes, device, rng):
             assert f"#define STREAMV(p) evict_first_{value}(p)" in source
             assert f"#define STREAMI(p) evict_first_{index}(p)" in source
             if fmt == "sell":
-                assert "evict_first_u16(off + k)" in source
+                assert "evict_first_u16(col_off + (k))" in source
     for name in ("f32", "f64", "s32", "s64", "u16"):
         assert f"evict_first_{name}(" in _EVICT_FIRST_PROBE
         assert f"evict_first.{name} " in helper
