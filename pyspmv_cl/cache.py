@@ -22,6 +22,7 @@ import warnings
 
 import pyopencl as cl
 
+from . import kernel_objects
 from ._version import __version__
 from .errors import KernelBuildError
 from .store import CACHE_DIR_ENV as CACHE_DIR_ENV  # re-exported: callers name them here
@@ -33,6 +34,7 @@ _HEADER = struct.Struct("<8s32s32sQ")  # magic, key digest, binary digest, binar
 
 _memory = {}
 _lock = threading.Lock()
+kernel_objects.install()   # every kernel object made from these programs: no disk read
 
 #: Counters for tests and diagnostics.
 stats = {"memory_hits": 0, "disk_hits": 0, "builds": 0, "disk_errors": 0}
