@@ -63,6 +63,12 @@ class DeviceCSR:
         return csr
 
 
+def whole_buffer(arr: cla.Array) -> cla.Array:
+    """``arr``, or a copy of it when it starts inside its buffer (a view at an offset):
+    kernels take buffers, and read them from their beginning."""
+    return arr if not arr.offset else arr.copy()
+
+
 def as_device_csr(triple, shape, queue) -> DeviceCSR:
     """Validate ``(data, indices, indptr)`` pyopencl arrays as a CSR matrix of
     ``shape`` on ``queue``'s context; refuse anything a kernel could index out of."""

@@ -13,7 +13,8 @@ import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
-from conftest import assert_cclose, assert_close, poisoned, reference, skip_without_fp64
+from conftest import assert_close, reference, skip_without_fp64
+from device_conversion import assert_same_as_host, check_product, on_device, refuse_read_back
 from matrix_cases import csr_from_row_lengths
 
 import pyspmv_cl as psc
@@ -52,52 +53,6 @@ def matrices(rng, omega, sigma):
     return {"edges": edges, "sparse": sparse, "long_row": long_row, "exact": exact,
             "exact_trailing": exact_trailing, "small": small, "no_entries": sp.csr_matrix((9, 5)),
             "no_rows": sp.csr_matrix((0, 4))}
-
-
-def on_device(queue, A, index_dtype=np.int32):
-    return (cla.to_device(queue, A.data), cla.to_device(queue, A.indices.astype(index_dtype)),
-            cla.to_device(queue, A.indptr.astype(index_dtype)))
-
-
-def refuse_read_back(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("read the matrix back to the host")
-    monkeypatch.setattr(DeviceCSR, "to_host", refuse)
-
-
-def assert_same_as_host(op, A):
-    """Every device array of ``op`` equals the host conversion's, same parameters."""
-    impl = op._impl
-    assert impl.converting_on_device
-    csr = sp.csr_matrix(A, copy=True)
-    host = values.host_arrays(impl, csr, impl.dtype)
-    assert set(impl.buffers) == set(host)
-    queue = op.queue
-    for name, expected in host.items():
-        buf = impl.buffers[name]
-        assert buf.size == max(1, expected.nbytes), name
-        if expected.size:
-            got = np.empty_like(expected)
-            cl.enqueue_copy(queue, got, buf)
-            np.testing.assert_array_equal(got, expected, err_msg=name)
-    assert impl.nbytes == sum(a.nbytes for a in host.values()) + sum(
-        int(v) for v in impl.scratch_sizes().values())
-    return host
-
-
-def check_product(op, A, rng):
-    dtype = op.dtype
-    x = rng.standard_normal(A.shape[1])
-    if dtype.kind == "c":
-        x = x + 1j * rng.standard_normal(A.shape[1])
-    out = poisoned(A.shape[0], dtype)
-    op.matvec(x, out=out)
-    ref = sp.csr_matrix(A, dtype=np.complex128 if dtype.kind == "c" else np.float64,
-                        copy=True) @ x
-    if dtype.kind == "c":
-        assert_cclose(out, ref, A, x, dtype)
-    else:
-        assert_close(out, reference(A, x), A, x, dtype)
 
 
 # (omega, sigma): omega = 1 and a warp; sigma 1, odd and large; one descriptor word per

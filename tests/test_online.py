@@ -272,7 +272,7 @@ def test_online_measure_checks_candidates_against_the_start_format(device, monke
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
-    """A database hit on a format converted on the host (bccoo, on every device) starts
+    """A database hit on a format converted on the host (bccoo, on a CPU) starts
     on the CSR kernel and converts the winner in the background; expected_calls= or
     tune=True convert it before the first product instead.  Results are right
     throughout."""
@@ -302,6 +302,36 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
         now = psc.SpMV(A, device=device, **kwargs)
         assert now.format == "bccoo" and now.tuning.online is None, kwargs
         assert_close(now @ x, reference(A, x), A, x, DTYPE)
+
+
+def test_a_stored_bccoo_winner_on_a_gpu_is_handed_over_only_for_a_host_shape(rng):
+    """On a GPU, bccoo's 1 x 1 blocks convert on the device: a stored winner of that
+    shape is built before SpMV returns; one of 2 x 1 blocks converts on the host and is
+    handed over in the background."""
+    from pyspmv_cl.features import shape_fingerprint, structure_digest
+
+    gpu = DEVICES[0].override(device_type="gpu")
+    A = matrix(4)
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    fp = {**shape_fingerprint(features), "structure_sha256": structure_digest(A)}
+    key = database.entry_key(gpu.profile, fp, np.dtype(DTYPE).name)
+    x = rng.standard_normal(A.shape[1])
+    for params, at_once in (({"block_height": 2}, False), ({}, True)):
+        database.store(key, {"candidates": [
+            {"format": "bccoo", "params": params, "kernel_seconds": 1e-6,
+             "conversion_seconds": 0.01, "confirmed": True}], "skipped": [],
+            "tuning_seconds": 0.1, "created": "2026-11-26 00:00:00 UTC", "fingerprint": fp})
+        op = psc.SpMV(A, device=gpu)
+        assert op.tuning.source == "database"
+        assert (op.format == "bccoo") == at_once, params
+        if at_once:
+            assert op._impl.converting_on_device and op.tuning.online is None
+        else:
+            assert "bccoo converts in the background" in op.explanation
+            assert op.finish_tuning(60) == "done" and op.format == "bccoo"
+            assert not op._impl.converting_on_device
+            assert op.params["block_height"] == 2
+        assert_close(op @ x, reference(A, x), A, x, DTYPE)
 
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
@@ -412,12 +442,13 @@ def test_gpu_trigger_waits_until_products_pay_for_the_measurement():
 
 def test_gpu_online_leaves_out_host_conversions_but_the_rules_choice(rng):
     """On GPUs the online measurement times no format that converts on the host
-    (bccoo, cmrs; dia unless the rules choose it), and says so; the measuring tuner and
-    CPUs time them.  Every operator still multiplies right after the switch."""
+    (dia unless the rules choose it; bccoo's shapes but 1 x 1), and says so; the
+    measuring tuner and CPUs time them.  Every operator still multiplies right after
+    the switch."""
     from pyspmv_cl.tuning import tuner
     gpu = DEVICES[0].override(device_type="gpu")
     host_only = {n for n, c in FORMATS.items() if not c.converts_on_device}
-    assert {"bccoo", "cmrs", "dia"} <= host_only
+    assert "dia" in host_only and not {"bccoo", "cmrs"} & host_only
     assert not online.host_conversions(gpu.profile)
     assert online.host_conversions(DEVICES[0].override(device_type="cpu").profile)
 
@@ -426,8 +457,10 @@ def test_gpu_online_leaves_out_host_conversions_but_the_rules_choice(rng):
     assert op.finish_tuning() == "done", op.tuning.online.error
     entry = op.tuning.online.decision.entry
     assert not {c["format"] for c in entry["candidates"]} & host_only
+    assert all(c["resolved"]["block_height"] == c["resolved"]["block_width"] == 1
+               for c in entry["candidates"] if c["format"] == "bccoo")
     left = {name for name, why in entry["skipped"] if why == tuner.HOST_CONVERSION_LEFT_OUT}
-    assert left == host_only
+    assert {name for name in left if not name.startswith("bccoo ")} == host_only
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
 
@@ -440,5 +473,29 @@ def test_gpu_online_leaves_out_host_conversions_but_the_rules_choice(rng):
     entry, _, _ = tuner.measure(S, f, gpu, DTYPE, budget=30, max_formats=3,
                                 alternatives=False, host_conversions=False)
     assert "dia" in {c["format"] for c in entry["candidates"]}
-    assert {name for name, why in entry["skipped"]
-            if why == tuner.HOST_CONVERSION_LEFT_OUT} == host_only - {"dia"}
+    assert {name for name, why in entry["skipped"] if why == tuner.HOST_CONVERSION_LEFT_OUT
+            and not name.startswith("bccoo ")} == host_only - {"dia"}
+
+
+def test_gpu_online_times_bccoo_only_where_it_converts_on_the_device(rng):
+    """bccoo converts 1 x 1 blocks on the device and other shapes on the host: with
+    host conversions left out (online tuning on GPUs), its other shapes are skipped and
+    said to be; the measuring tuner times them."""
+    from pyspmv_cl.tuning import tuner
+    gpu = DEVICES[0].override(device_type="gpu")
+    A = matrix(seed=5)
+    f = psc.tuning.MatrixFeatures.from_csr(A)
+    registry = {"bccoo": FORMATS["bccoo"]}
+    shapes = [{"block_height": 1, "block_width": 1}, {"block_height": 2, "block_width": 1}]
+    entries = {}
+    for host in (False, True):
+        entries[host], _, _ = tuner.measure(A, f, gpu, DTYPE, budget=30, registry=registry,
+                                            include=[("bccoo", p) for p in shapes],
+                                            alternatives=False, host_conversions=host)
+    timed = {host: {(c["resolved"]["block_height"], c["resolved"]["block_width"])
+                    for c in entries[host]["candidates"]} for host in entries}
+    assert timed[False] == {(1, 1)}
+    assert {(1, 1), (2, 1)} <= timed[True]
+    left = [name for name, why in entries[False]["skipped"]
+            if why == tuner.HOST_CONVERSION_LEFT_OUT]
+    assert any("block_height" in name and name.startswith("bccoo ") for name in left), left

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 
 from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
 from ..device_inputs import DeviceCSR
@@ -361,6 +362,14 @@ class SpMVFormat:
     #: pointers, then a gather) or "reshape" (a reshape of the arrays read, cheapest).
     value_read: typing.ClassVar[str] = "map"
 
+    @classmethod
+    def device_conversion_takes(cls, csr, params: dict, dtype) -> bool:
+        """Whether a host matrix ``csr`` with these (resolved) parameters is worth
+        uploading as CSR for ``convert_device`` (``host_input_on_device``): a format
+        whose device conversion covers some cases only says no to the others, which
+        would be read back."""
+        return True
+
     def convert_device(self, csr: DeviceCSR) -> dict:
         """Like ``convert``, for a matrix on the device: pyopencl arrays made on the
         device (the seam for device-side conversions)."""
@@ -639,6 +648,18 @@ class SpMVFormat:
             queue.finish()
         return event
 
+    def run_check(self, queue, kernel: str, global_size: int, local_size: int,
+                  **values) -> bool:
+        """Run one check kernel on ``queue`` (every argument by name but ``bad``: an int
+        it sets to 1 where it finds what it looks for) and return whether it did (one
+        int read back, blocking)."""
+        bad = cla.zeros(queue, 1, np.int32)
+        self.run_now(queue, [self.step(kernel, global_size, local_size, bad=bad.base_data,
+                                       **values)], finish=False)
+        flag = np.empty(1, np.int32)
+        cl.enqueue_copy(queue, flag, bad.base_data, is_blocking=True)
+        return bool(flag[0])
+
     def values_in_csr_order(self, queue, indptr):
         """The values this operator computes with (``value_dtype``), in the CSR order of
         the matrix it was built from (``indptr``: its row pointers, on the host), read
@@ -745,10 +766,15 @@ def check_complex_capable(cls, dtype) -> None:
             "(or format='auto', which chooses among them)")
 
 
-def conversion_is_cheap(cls, csr, device) -> bool:
+def conversion_is_cheap(cls, csr, device, params=None, dtype=None) -> bool:
     """Whether converting ``csr`` for ``cls`` costs about an upload: a cast of the CSR
-    arrays, or a conversion on the device."""
-    return cls.host_conversion_is_cast or converts_on_the_device(cls, csr, device)
+    arrays, or a conversion on the device (for these parameters and values, when given:
+    ``device_conversion_takes``)."""
+    if cls.host_conversion_is_cast:
+        return True
+    return converts_on_the_device(cls, csr, device) and (
+        params is None or isinstance(csr, DeviceCSR)
+        or cls.device_conversion_takes(csr, params, dtype))
 
 
 def converts_on_the_device(cls, csr, device) -> bool:
@@ -767,7 +793,8 @@ def instantiate(cls, csr, device, dtype, params: dict) -> SpMVFormat:
     if isinstance(csr, DeviceCSR):
         if not cls.converts_on_device:
             csr = csr.to_host(device.queue)
-    elif converts_on_the_device(cls, csr, device):
+    elif converts_on_the_device(cls, csr, device) and \
+            cls.device_conversion_takes(csr, params, dtype):
         index = np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64
         csr = DeviceCSR.upload(csr, device.queue, index, dtype, owned=True)
     moved = time.perf_counter() - start

@@ -15,9 +15,12 @@ adjacent synchronisation (a spin on the previous group, GPU-only: not built).
 """
 
 import numpy as np
+import pyopencl.array as cla
 
 from .. import codegen
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
+from ..device_inputs import DeviceCSR
+from . import bccoo_device
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
 from .bccoo_convert import (
@@ -76,6 +79,10 @@ class BCCOO(SpMVFormat):
     complex_values = True
     order = 10
     template = "bccoo.mako"
+    # The GPU default (1 x 1 blocks, one slice, real values, rows in order) converts on
+    # the device (formats/bccoo_device.py); anything else is read back to the host.
+    converts_on_device = True
+    host_input_on_device = True
     params = (
         P.Param("block_height", P.one_of(*BLOCK_HEIGHTS), "rows of a block"),
         P.Param("block_width", P.one_of(*BLOCK_WIDTHS), "columns of a block"),
@@ -168,18 +175,41 @@ class BCCOO(SpMVFormat):
 
     # -- construction --------------------------------------------------------------------
     def analyse(self, csr):
-        """The blocks, and from them the position and column types the kernels are
-        written with (the layout waits for the final work-group size)."""
+        """The blocks (on the device: only how many there are, from ``indptr``), and
+        from them the position and column types the kernels are written with (the
+        layout waits for the final work-group size)."""
         p = self.params
         h, w, S = p["block_height"], p["block_width"], p["slices"]
-        self._blocks = build_blocks(csr, h, w, S, self.dtype)
+        # (update_values analyses a host copy of a device-converted operator.)
+        on_device = isinstance(csr, DeviceCSR)
+        if on_device and not (csr.nnz and bccoo_device.applies(p, self.dtype)):
+            self.converting_on_device = on_device = False
+            self._blocks = bccoo_device.host_blocks(self, csr)
+        if on_device:
+            n_blocks, self._first_block = bccoo_device.first_blocks(csr.indptr)
+        else:
+            if not isinstance(csr, DeviceCSR):
+                self._blocks = build_blocks(csr, h, w, S, self.dtype)
+            n_blocks = self._blocks.n_blocks
+        self._n_blocks = n_blocks
         # The group size may still shrink in the build: padding to today's is an upper
         # bound of the positions.
-        nb_upper = tile_geometry(self._blocks.n_blocks, p["tile_size"],
-                                 p["work_group_size"])[0]
+        nb_upper = tile_geometry(n_blocks, p["tile_size"], p["work_group_size"])[0]
         self.pos_dtype = _pos_dtype(csr.shape[0], nb_upper, h, w, S, self.index_dtype)
         self.col_dtype = _col_dtype(csr.shape[1], self.index_dtype, p["col_compress"])
         self.slice_stride = _slice_stride(self.shape[0], h)
+
+    @classmethod
+    def device_conversion_takes(cls, csr, params, dtype):
+        """A host matrix goes up as CSR for the device conversion only when that applies
+        (its rows in order: scipy's canonical format)."""
+        # (A matrix on the device has its rows checked there.)
+        return bccoo_device.applies(params, dtype) and csr.nnz > 0 and \
+            bool(getattr(csr, "has_canonical_format", True))
+
+    def programs(self):
+        conversion = [bccoo_device.program(self)] if self.converting_on_device else []
+        return [*super().programs(), *conversion]
 
     def template_params(self):
         p = self.params
@@ -236,6 +266,15 @@ class BCCOO(SpMVFormat):
             col_compress=p["col_compress"], col_dtype=self.col_dtype,
             pos_dtype=self.pos_dtype, dtype=self.dtype)
         del self._blocks
+        return arrays
+
+    def convert_device(self, csr):
+        arrays = bccoo_device.convert(self, csr, self._n_blocks, self._first_block)
+        del self._first_block
+        if arrays is None:   # a row out of order: the host conversion, uploaded
+            self._blocks = bccoo_device.host_blocks(self, csr)
+            arrays = {name: cla.to_device(self.device.queue, arr)
+                      for name, arr in self.convert(csr).items()}
         return arrays
 
     def scratch_sizes(self):

@@ -21,10 +21,13 @@ the unsorted layout by rounding only.
 """
 
 import numpy as np
+import pyopencl.array as cla
 
 from .. import host_arrays
 from ..codegen import PRODUCT_ARGS, KernelSpec, c_type, matrix, scalar
+from ..device_inputs import DeviceCSR
 from ..errors import InvalidParameterError
+from . import cmrs_device
 from . import params as P
 from .base import SpMVFormat, pow2_floor
 from .registry import register
@@ -97,6 +100,9 @@ class CMRS(SpMVFormat):
     complex_values = True
     order = 8
     template = "cmrs.mako"
+    # formats/cmrs_device.py; with sort_columns, rows out of order are read back.
+    converts_on_device = True
+    host_input_on_device = True
     params = (
         P.Param("height", P.integer(1, MAX_HEIGHT),
                 f"rows per strip (1 to {MAX_HEIGHT}: 4 bits of row-in-strip)"),
@@ -167,12 +173,29 @@ class CMRS(SpMVFormat):
                 f"or index_bits=64")
         self.packed = mode == "packed" or (mode == "auto" and packable)
         self.params["row_in_strip"] = "packed" if self.packed else "separate"
+        self.row_shift = row_bits_shift(self.index_dtype)
+        #: The packed words' type: the index type's unsigned twin.
+        self.word_dtype = np.dtype(self.index_dtype.str.replace("i", "u"))
+        if isinstance(csr, DeviceCSR) and not csr.nnz:   # nothing to convert there
+            self.converting_on_device = False
+            self._host_csr = csr.to_host(self.device.queue)
+
+    @classmethod
+    def device_conversion_takes(cls, csr, params, dtype):
+        """A host matrix goes up as CSR unless ``sort_columns`` would meet a row out of
+        order (scipy's sorted-indices flag), or it has no entries."""
+        return csr.nnz > 0 and (not params.get("sort_columns", True) or
+                                bool(getattr(csr, "has_sorted_indices", True)))
+
+    def programs(self):
+        conversion = [cmrs_device.program(self)] if self.converting_on_device else []
+        return [*super().programs(), *conversion]
 
     # -- kernel ---------------------------------------------------------------------------
     def template_params(self):
         p = self.params
         return {"height": p["height"], "group_width": p["group_width"],
-                "packed": self.packed, "row_shift": row_bits_shift(self.index_dtype),
+                "packed": self.packed, "row_shift": self.row_shift,
                 "reduction": p["reduction"]}
 
     def kernel_specs(self):
@@ -195,13 +218,26 @@ class CMRS(SpMVFormat):
         return self.params["group_width"]
 
     # -- conversion --------------------------------------------------------------------
+    def _strip_ptr(self, indptr):
+        """strip_ptr[s] = row_ptr[s * height], strip_ptr[-1] = nnz (int64)."""
+        rows = np.minimum(np.arange(self.n_strips + 1) * self.params["height"], self.shape[0])
+        return np.asarray(indptr, dtype=np.int64)[rows]
+
+    def convert_device(self, csr):
+        arrays = cmrs_device.convert(self, csr, self._strip_ptr(csr.indptr))
+        if arrays is None:   # a row out of order: the host conversion, uploaded
+            arrays = {name: cla.to_device(self.device.queue, arr)
+                      for name, arr in self.convert(csr.to_host(self.device.queue)).items()}
+        return arrays
+
     def convert(self, csr):
+        if isinstance(csr, DeviceCSR):   # analyse read it back (no entries)
+            csr = self.__dict__.pop("_host_csr")
         m, n = self.shape
         h = self.params["height"]
         indptr = csr.indptr.astype(np.int64)
         row_lengths = np.diff(indptr)
-        # strip_ptr[s] = row_ptr[s * height], strip_ptr[-1] = nnz.
-        strip_ptr = indptr[np.minimum(np.arange(self.n_strips + 1) * h, m)]
+        strip_ptr = self._strip_ptr(indptr)
         row_in_strip = host_arrays.repeat((np.arange(m) % h).astype(np.uint8), row_lengths)
         cols = csr.indices
         values = csr.data
@@ -215,10 +251,9 @@ class CMRS(SpMVFormat):
 
         arrays = {"strip_ptr": strip_ptr.astype(self.index_dtype)}
         if self.packed:
-            word = np.dtype(self.index_dtype.str.replace("i", "u"))
-            shift = row_bits_shift(self.index_dtype)
+            word = self.word_dtype
             arrays["col_idx"] = (cols.astype(word)
-                                 | (row_in_strip.astype(word) << word.type(shift)))
+                                 | (row_in_strip.astype(word) << word.type(self.row_shift)))
         else:
             arrays["col_idx"] = cols.astype(self.index_dtype)
             arrays["row_in_strip"] = row_in_strip

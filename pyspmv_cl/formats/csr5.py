@@ -35,7 +35,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
-from ..device_inputs import DeviceCSR
+from ..device_inputs import DeviceCSR, whole_buffer
 from ..errors import DeviceCapabilityError, InvalidParameterError
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
@@ -272,11 +272,6 @@ def _empty_layout(m, index_dtype):
                       np.zeros(0, dtype=index_dtype))
 
 
-def _whole(arr):
-    """A device array starting at its buffer's beginning (the kernels take buffers)."""
-    return arr if not arr.offset else arr.copy()
-
-
 def untranspose_tiles(a, omega, sigma):
     """CSR order from the CSR5 order of ``col_idx``/``values`` (a copy)."""
     tile = omega * sigma
@@ -510,7 +505,7 @@ class CSR5(SpMVFormat):
             return cl.Buffer(queue.context, cl.mem_flags.READ_WRITE,
                              max(1, size) * np.dtype(dtype).itemsize)
 
-        row_ptr = _whole(csr.as_type("indptr", idx, queue, copy=True))
+        row_ptr = whole_buffer(csr.as_type("indptr", idx, queue, copy=True))
         tile_ptr = cla.empty(queue, p + 1, ptr_type)
         lay = {"row_ptr": row_ptr, "tile_ptr": tile_ptr}
         bufs = {"row_ptr": row_ptr.base_data, "tile_ptr": tile_ptr.base_data,
@@ -666,8 +661,8 @@ class CSR5(SpMVFormat):
             "csr5_tiles_convert", max(1, -(-p_full // tiles_per_group)) * tile_group,
             tile_group, n_rows=m, n_full_tiles=p_full, n_tail=nnz - p_full * omega * sigma,
             **_pick(bufs, "row_ptr", "first_row", "empty_before", "nonempty_rows"),
-            csr_col_idx=_whole(csr.as_type("indices", idx, queue)).base_data,
-            csr_values=_whole(csr.as_type("data", self.dtype, queue)).base_data,
+            csr_col_idx=whole_buffer(csr.as_type("indices", idx, queue)).base_data,
+            csr_values=whole_buffer(csr.as_type("data", self.dtype, queue)).base_data,
             col_idx_out=ob["col_idx"], values_out=ob["values"], tile_desc=ob["tile_desc"]))
         self._run(queue, steps, finish=True)   # done before any product, whatever the order
         del self._program

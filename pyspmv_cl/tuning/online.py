@@ -116,13 +116,13 @@ def online_budget(nnz: int) -> float:
 
 
 def host_conversions(profile) -> bool:
-    """Whether the online measurement times formats that convert on the host (bccoo,
-    cmrs, dia; ``tuner.measure``'s ``host_conversions``).  Not on GPUs, unless the rules
-    choose one (dia on a stencil): their conversions take 0.5-3 s of host work at 20M
-    non-zeros, in a thread whose GIL the caller's products wait for, for a kernel a few
-    per cent faster at most (bccoo at 0.83x cuSPARSE against csr-vector's 0.79x on
-    astro-ph float32, H200).  The measuring tuner (``tune=True``, ``expected_calls``)
-    still times them."""
+    """Whether the online measurement times formats that convert on the host (dia,
+    and bccoo's block shapes other than 1 x 1; ``tuner.measure``'s
+    ``host_conversions``).  Not on GPUs, unless the rules choose one (dia on a stencil):
+    their conversions take 0.5-3 s of host work at 20M non-zeros, in a thread whose GIL
+    the caller's products wait for, for a kernel a few per cent faster at most (bccoo at
+    0.83x cuSPARSE against csr-vector's 0.79x on astro-ph float32, H200).  The measuring
+    tuner (``tune=True``, ``expected_calls``) still times them."""
     return not profile.is_gpu
 
 

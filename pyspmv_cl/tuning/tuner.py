@@ -386,7 +386,22 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
                                      csr=csr, block_size=block_size,
                                      user_params=user_params)
     skipped += [(name, HOST_CONVERSION_LEFT_OUT) for name in left_out]
-    first = [(name, p[0]) for name, p in order[:max_formats]]
+
+    def converts_on_the_host(cls, params):
+        """A candidate of a format that converts on the device in some cases only
+        (bccoo's block shapes other than 1 x 1) that would convert on the host."""
+        if host_conversions or not cls.host_input_on_device:
+            return False
+        try:
+            resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
+        except Exception:   # run() reports it
+            return False
+        return not cls.device_conversion_takes(csr, resolved, dtype)
+
+    # Online on a GPU, a format's first candidate that converts on the device (bccoo:
+    # its smallest footprint may be a shape that converts on the host).
+    first = [(name, next((q for q in p if not converts_on_the_host(registry[name], q)),
+                         p[0])) for name, p in order[:max_formats]]
     included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
                 if name not in included]
@@ -406,6 +421,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
 
     def run(name, params, alternative):
         cls = registry[name]
+        if converts_on_the_host(cls, params):
+            skipped.append((f"{name} {_plain(params)}" if params else name,
+                            HOST_CONVERSION_LEFT_OUT))
+            return
         t0 = time.perf_counter()
         try:
             resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
@@ -651,7 +670,9 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                               "database", kernel_seconds=chosen["kernel_seconds"],
                               tuning_seconds=time.perf_counter() - t0, entry=entry)
             if mode in ("auto", "online") and expected_calls is None \
-                    and not conversion_is_cheap(FORMATS[chosen["format"]], csr, device):
+                    and not conversion_is_cheap(FORMATS[chosen["format"]], csr, device,
+                                                {**chosen["params"],
+                                                 **chosen.get("resolved", {})}, dtype):
                 return _database_handover(csr, features, device, dtype, user_params,
                                           stored, chosen, block_size)
             return stored
