@@ -272,8 +272,8 @@ def test_online_measure_checks_candidates_against_the_start_format(device, monke
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
-    """A database hit on a format converted on the host (bccoo, on a CPU) starts
-    on the CSR kernel and converts the winner in the background; expected_calls= or
+    """A database hit on a format converted on the host (bccoo of 2 x 1 blocks, on
+    every device) starts on the CSR kernel and converts the winner in the background; expected_calls= or
     tune=True convert it before the first product instead.  Results are right
     throughout."""
     from pyspmv_cl.features import shape_fingerprint, structure_digest
@@ -283,8 +283,8 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
     fp = {**shape_fingerprint(features), "structure_sha256": structure_digest(A)}
     key = database.entry_key(device.profile, fp, np.dtype(DTYPE).name)
     database.store(key, {"candidates": [
-        {"format": "bccoo", "params": {}, "kernel_seconds": 1e-6, "conversion_seconds": 0.01,
-         "confirmed": True},
+        {"format": "bccoo", "params": {"block_height": 2}, "kernel_seconds": 1e-6,
+         "conversion_seconds": 0.01, "confirmed": True},
         {"format": "csr-scalar", "params": {}, "kernel_seconds": 2e-6,
          "conversion_seconds": 0.0, "confirmed": True}], "skipped": [],
         "tuning_seconds": 0.1, "created": "2026-11-23 00:00:00 UTC", "fingerprint": fp})
