@@ -58,6 +58,29 @@ def test_diagonals_and_layers():
     np.testing.assert_array_equal(diag, [0, 1, 0, 0, 0])
 
 
+@pytest.mark.parametrize("shape,nnz", [((300, 300), 2000), ((50, 4000), 900),
+                                       ((4000, 30), 900), ((7, 3_000_000), 40)],
+                         ids=["square", "wide", "tall", "very-wide-by-sort"])
+def test_diagonals_by_count_match_unique(shape, nnz, rng):
+    """The count over every possible diagonal gives np.unique's offsets and inverse,
+    unsorted columns and entries on the first and last diagonals included; a matrix
+    too wide for the count takes the sort."""
+    m, n = shape
+    rows = np.concatenate([[m - 1, 0], rng.integers(0, m, nnz)])
+    cols = np.concatenate([[0, n - 1], rng.integers(0, n, nnz)])
+    A = sp.coo_matrix((rng.standard_normal(rows.size), (rows, cols)), shape=shape).tocsr()
+    A.sum_duplicates()
+    A.indices[A.indptr[1]:A.indptr[2]] = A.indices[A.indptr[1]:A.indptr[2]][::-1].copy()
+    A.has_sorted_indices = False
+    offsets, diag, got_rows = dia_diagonals(A)
+    entry_rows = np.repeat(np.arange(m), np.diff(A.indptr))
+    want, inverse = np.unique(A.indices - entry_rows, return_inverse=True)
+    np.testing.assert_array_equal(got_rows, entry_rows)
+    np.testing.assert_array_equal(offsets, want)
+    np.testing.assert_array_equal(diag, inverse.ravel())
+    assert offsets[0] == -(m - 1) and offsets[-1] == n - 1
+
+
 @pytest.mark.parametrize("bits", [32, 64])
 @with_dtypes
 def test_layout_on_device_and_nbytes(bits, dtype, device, rng):
