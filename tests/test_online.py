@@ -273,9 +273,9 @@ def test_online_measure_checks_candidates_against_the_start_format(device, monke
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
     """A database hit on a format converted on the host (bccoo of 2 x 1 blocks, on
-    every device) starts on the CSR kernel and converts the winner in the background; expected_calls= or
-    tune=True convert it before the first product instead.  Results are right
-    throughout."""
+    every device) starts on the CSR kernel and converts the winner in the background;
+    expected_calls= or tune=True convert it before the first product instead.  Results
+    are right throughout."""
     from pyspmv_cl.features import shape_fingerprint, structure_digest
 
     A = matrix()
