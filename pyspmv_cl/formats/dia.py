@@ -24,7 +24,9 @@ import numpy as np
 
 from .. import host_arrays
 from ..codegen import PRODUCT_ARGS, KernelSpec, matrix, scalar
+from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError
+from . import dia_device
 from . import params as P
 from .base import (
     SpMVFormat,
@@ -118,6 +120,9 @@ class DIA(SpMVFormat):
     order = 3
     template = "dia.mako"
     may_refuse = True
+    # formats/dia_device.py; rows out of order (duplicates: layers) are read back.
+    converts_on_device = True
+    host_input_on_device = True
     params = (
         P.work_group_size(),
         P.Param("max_fill", _limit_check(),
@@ -141,21 +146,47 @@ class DIA(SpMVFormat):
 
     def analyse(self, csr):
         """The diagonals, the stride, whether a bitmap is needed; refuses an unsuitable
-        matrix before anything is built."""
+        matrix before anything is built.  A matrix on the device: its diagonals found
+        there (``dia_device.analyse``), unless its rows are out of order."""
         m = csr.shape[0]
+        if isinstance(csr, DeviceCSR):
+            layout = dia_device.analyse(self, csr) if self.converting_on_device and \
+                dia_device.fits(csr.shape, csr.nnz) else None
+            if layout is not None:
+                self._sized(layout.offsets.size, layout.has_mask, csr.nnz, m)
+                self._device_layout = layout
+                return
+            self.converting_on_device = False
+            csr = csr.to_host(self.device.queue)
         offsets, diag, rows = dia_diagonals(csr)
-        self.n_diags = offsets.size
+        values = csr.data.astype(self.dtype)
+        self._sized(offsets.size, bool(np.any(values == 0)), csr.nnz, m)
+        # Kept for convert (dropped there).
+        self._layout = (offsets, diag * self.stride + rows, values)
+
+    def _sized(self, n_diags, has_mask, nnz, m):
+        """The stride and the bitmap's need, and DIA's refusals, for ``n_diags``."""
+        self.n_diags = n_diags
         self.stride = ell_stride(m, pow2_floor(max(1, self.profile.simd_width)))
         slots = self.n_diags * self.stride
-        values = csr.data.astype(self.dtype)
-        self.has_mask = bool(np.any(values == 0))
+        self.has_mask = has_mask
         sizes = [slots * self.dtype.itemsize, self.n_diags * self.index_dtype.itemsize]
         if self.has_mask:
             sizes.append(-(-slots // 32) * 4)
-        self._check_suits(csr.nnz, m, sum(sizes))
-        check_padding(self.name, slots, csr.nnz, sizes, None, ADVICE, self.profile, "DIA")
-        # Kept for convert (dropped there).
-        self._layout = (offsets, diag * self.stride + rows, values)
+        self._check_suits(nnz, m, sum(sizes))
+        check_padding(self.name, slots, nnz, sizes, None, ADVICE, self.profile, "DIA")
+
+    @classmethod
+    def device_conversion_takes(cls, csr, params, dtype):
+        """A host matrix goes up as CSR when scipy says it has no duplicates (they need
+        layers, made on the host) and the diagonal flags fit (``dia_device.fits``)."""
+        return dia_device.fits(csr.shape, csr.nnz) and \
+            bool(getattr(csr, "has_canonical_format", True))
+
+    def convert_device(self, csr):
+        layout = self._device_layout
+        del self._device_layout
+        return dia_device.convert(self, layout)
 
     def convert(self, csr):
         offsets, slot, values = self._layout

@@ -116,8 +116,9 @@ def online_budget(nnz: int) -> float:
 
 
 def host_conversions(profile) -> bool:
-    """Whether the online measurement times formats that convert on the host (dia,
-    and bccoo's block shapes other than 1 x 1; ``tuner.measure``'s
+    """Whether the online measurement times candidates that convert on the host
+    (bccoo's block shapes other than 1 x 1, and matrices a format's device conversion
+    does not take, e.g. dia's with duplicates; ``tuner.measure``'s
     ``host_conversions``).  Not on GPUs, unless the rules choose one (dia on a stencil):
     their conversions take 0.5-3 s of host work at 20M non-zeros, in a thread whose GIL
     the caller's products wait for, for a kernel a few per cent faster at most (bccoo at

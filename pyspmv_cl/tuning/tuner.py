@@ -387,10 +387,12 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
                                      user_params=user_params)
     skipped += [(name, HOST_CONVERSION_LEFT_OUT) for name in left_out]
 
-    def converts_on_the_host(cls, params):
-        """A candidate of a format that converts on the device in some cases only
-        (bccoo's block shapes other than 1 x 1) that would convert on the host."""
-        if host_conversions or not cls.host_input_on_device:
+    def converts_on_the_host(name, params):
+        """A candidate that would convert on the host, of a format that converts on the
+        device in some cases only (bccoo's block shapes other than 1 x 1, dia's
+        duplicates): not the rules' choice."""
+        cls = registry[name]
+        if host_conversions or not cls.host_input_on_device or name == rule_choice:
             return False
         try:
             resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
@@ -400,8 +402,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
 
     # Online on a GPU, a format's first candidate that converts on the device (bccoo:
     # its smallest footprint may be a shape that converts on the host).
-    first = [(name, next((q for q in p if not converts_on_the_host(registry[name], q)),
-                         p[0])) for name, p in order[:max_formats]]
+    first = [(name, next((q for q in p if not converts_on_the_host(name, q)), p[0]))
+             for name, p in order[:max_formats]]
     included = {name for name, _ in include}
     skipped += [(name, "ranked lower by the model") for name, _ in order[max_formats:]
                 if name not in included]
@@ -421,7 +423,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
 
     def run(name, params, alternative):
         cls = registry[name]
-        if converts_on_the_host(cls, params):
+        if converts_on_the_host(name, params):
             skipped.append((f"{name} {_plain(params)}" if params else name,
                             HOST_CONVERSION_LEFT_OUT))
             return
