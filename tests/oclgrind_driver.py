@@ -159,6 +159,24 @@ def reduced_on_device(A, name, dtype, dev, params, rng):
     return products(op, as_stored(A, op), dtype, rng, full=False)
 
 
+def value_update(op, A, dtype, rng):
+    """update_values with new values (the map found on the device for an operator
+    converted there: a second conversion and the gather kernel; else the host map and
+    the scatter kernel or a straight copy), then a product with x holding Inf and NaN
+    at its ends: padding must still never multiply."""
+    B = sp.csr_matrix(A, dtype=np.float64, copy=True)
+    B.data = rng.standard_normal(B.nnz).astype(dtype).astype(np.float64)
+    op.update_values(B.data.astype(dtype))
+    x = rng.standard_normal(A.shape[1])
+    if x.size > 1:
+        x[0], x[-1] = np.inf, np.nan
+    y_d = cla.empty(op.queue, A.shape[0], dtype)
+    KEEP.append(y_d)
+    op.matvec(x.astype(dtype), out=y_d)
+    check(y_d.get(), B, x, dtype)
+    return 1
+
+
 def check(y, A, x, dtype, alpha=1.0, beta=0.0, y0=None):
     y_ref = reference(sp.csr_matrix(A, dtype=np.float64, copy=True), x, alpha, beta, y0)
     assert_close(y, y_ref, magnitudes(A), x, dtype)
@@ -358,7 +376,7 @@ def main(argv=None):
     matrices = corpus(rng)
     summary = {"device": device.profile.name, "formats": names, "operators": 0,
                "products": 0, "refused": [], "failures": [], "per_format_s": {},
-               "device_conversions": {}}
+               "device_conversions": {}, "value_updates": 0}
     for name in [] if args.only_complex or args.wide_complex_blocks else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
@@ -405,6 +423,9 @@ def main(argv=None):
                             op, A, dtype, rng, full=i < 2,
                             blocks=(label == "default" or reduced or gpu_lanes) and (
                                 not args.quick or dtype == np.float32))
+                        if i == 0 and not reduced and label in ("default", "gpu32"):
+                            summary["products"] += value_update(op, A, dtype, rng)
+                            summary["value_updates"] += 1
                         if (label == "default" and name in LANES_FORMATS
                                 and (not args.quick or dtype == np.float32)):
                             # The block mapping the device type did not pick.

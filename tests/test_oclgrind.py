@@ -273,6 +273,9 @@ def test_all_formats_clean_under_oclgrind(scope):
     on_device = {name for name in psc.formats() if get_format(name).converts_on_device
                  and get_format(name).host_input_on_device}
     assert on_device <= set(summary["device_conversions"]), summary["device_conversions"]
+    # update_values on each format's first matrix, natively and under the GPU profile
+    # (its map found on the device there: the gather kernel under Oclgrind's checks).
+    assert summary["value_updates"] >= 2 * len(summary["formats"])
 
 
 def run_complex_pass(driver_args, flags=OCLGRIND_FLAGS):

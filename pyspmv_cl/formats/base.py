@@ -98,16 +98,19 @@ def check_allocations(profile, sizes: dict, extra_bytes: int = 0) -> None:
             f"{format_bytes(profile.global_mem_size)} of {profile.name}")
 
 
-def upload_all(queue, arrays: dict) -> dict:
+def upload_all(queue, arrays: dict, writable=()) -> dict:
     """Read-only device buffers holding ``arrays`` (name -> numpy array), on the device
-    when this returns.  Buffers are created empty and filled by ``enqueue_copy``: with
-    ``COPY_HOST_PTR`` NVIDIA's driver stages the data and copies it again at first use
-    (2-3x the transfer time).  An empty array gets one element of padding: OpenCL has
-    no zero-size buffers."""
+    when this returns; those named in ``writable`` read-write (value arrays, which
+    update_values' kernels write: a kernel writing a read-only buffer is undefined, and
+    Oclgrind reports it).  Buffers are created empty and filled by ``enqueue_copy``:
+    with ``COPY_HOST_PTR`` NVIDIA's driver stages the data and copies it again at first
+    use (2-3x the transfer time).  An empty array gets one element of padding: OpenCL
+    has no zero-size buffers."""
     buffers, events = {}, []
     for name, array in arrays.items():
         array = np.ascontiguousarray(array)
-        buf = cl.Buffer(queue.context, cl.mem_flags.READ_ONLY, max(1, array.nbytes))
+        flags = cl.mem_flags.READ_WRITE if name in writable else cl.mem_flags.READ_ONLY
+        buf = cl.Buffer(queue.context, flags, max(1, array.nbytes))
         if array.size:   # the event keeps the host array alive until the copy is done
             events.append(cl.enqueue_copy(queue, buf, array, is_blocking=False))
         buffers[name] = buf
@@ -294,7 +297,8 @@ class SpMVFormat:
             self.buffers = {name: _buffer_of(arr, device.context)
                             for name, arr in host_arrays.items()}
         else:
-            self.buffers = upload_all(device.queue, host_arrays)
+            self.buffers = upload_all(device.queue, host_arrays,
+                                      writable=self.value_array_sizes)
         self.scratch = {name: cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(1, n))
                         for name, n in scratch.items()}
         #: Seconds spent analysing, converting, checking, uploading and allocating (the
