@@ -948,7 +948,10 @@ class SpMV:
         where the format stores each entry (one host conversion of the pattern) and
         keeps that map on the device (``nbytes`` grows by two indices per entry); every
         call then costs the upload of the values and one scatter kernel (formats holding
-        the values in CSR order: the upload straight into place, no map).  Returns when
+        the values in CSR order: the upload straight into place, no map).  An operator
+        converted on the device finds the map by converting the pattern there again
+        (values coding their positions) and keeps those codes, one per stored slot, as
+        the map.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
         data = check_values(data, self._structure_source.nnz, complex_ok=self.is_complex)
         with self._lock:
@@ -967,7 +970,7 @@ class SpMV:
             self._block_copy.update_values(data)
         if self._transposed is not None:
             self._transposed.update_values(data)
-        elif self._updater.layout is None:   # no map to read them back with later
+        elif not self._updater.has_map:   # no map to read them back with later
             self._host_values = np.array(data, dtype=self.dtype)
 
     # -- interoperability -----------------------------------------------------------------

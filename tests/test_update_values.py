@@ -80,6 +80,10 @@ def test_update_values_counts_its_map_in_nbytes(device, rng):
     op = psc.SpMV(A, format="sell", device=device)
     before = op.nbytes
     op.update_values(A.data * 2)
+    if op._updater.codes is not None:   # converted on the device: a code per slot
+        size = op._impl.value_array_sizes["values"]
+        assert op.nbytes == before + size * 8   # float64 codes, padding included
+        return
     slots = op._updater.device_layout["values"][0]   # padding excluded: one per entry
     assert slots == A.nnz
     assert op.nbytes == before + 2 * slots * 4   # slots and sources, 32-bit
@@ -92,9 +96,10 @@ def test_update_values_counts_its_map_in_nbytes(device, rng):
     ids=["csr-scalar", "csr-vector", "coo", "csr-vector-merge"])
 def test_update_values_in_csr_order_copies_without_a_map(fmt, params, device, rng):
     """Formats that keep the values in CSR order get them copied straight in: no map
-    on the device (nbytes unchanged), no scatter kernel; products right after."""
+    on the device (nbytes unchanged), no scatter kernel; products right after.  (Under
+    a CPU profile: on a GPU coo converts on the device and finds its map there.)"""
     A = sp.csr_matrix(CASES["power_law"](rng))
-    op = psc.SpMV(A, format=fmt, device=device, **params)
+    op = psc.SpMV(A, format=fmt, device=device.override(device_type="cpu"), **params)
     before = op.nbytes
     for _ in range(2):
         data = rng.standard_normal(A.nnz)
@@ -144,6 +149,7 @@ def test_update_values_without_a_map_reconverts_the_values(device, rng, monkeypa
     from pyspmv_cl.formats import values
 
     monkeypatch.setattr(values, "_layout", lambda fmt, structure: None)
+    monkeypatch.setattr(values, "_device_codes", lambda fmt, structure: None)
     A = sp.csr_matrix(CASES["power_law"](rng))
     op = psc.SpMV(A, format="sell", dtype=np.float64, device=device)
     for _ in range(2):
@@ -200,3 +206,72 @@ def test_formats_say_how_they_read_values(device, rng):
             continue
         got = op._impl.values_in_csr_order(op.queue, op._structure[1])
         assert (got is not None) == (type(op._impl).value_read != "map"), fmt
+
+
+def banded_with_holes(rng, n=300):
+    """A band of five diagonals with random holes and a run of empty rows: every format
+    takes it (dia too), and it exercises padding, dummies and empty rows."""
+    A = sp.diags([rng.standard_normal(n - abs(k)) for k in range(-2, 3)], list(range(-2, 3)),
+                 format="csr")
+    A.data[rng.random(A.nnz) < 0.3] = 0.0
+    A.eliminate_zeros()
+    return sp.vstack([A[:100], sp.csr_matrix((15, n)), A[115:]]).tocsr()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=["float32", "complex64"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_device_converted_operators_find_their_map_on_the_device(fmt, dtype, device, rng,
+                                                                 monkeypatch):
+    """An operator converted on the device (a GPU profile) finds where each value goes
+    by its own device conversion of position codes, kept on the device: decoded, the
+    same map as the host conversion of the pattern, which no longer runs; updates then
+    match scipy (the fill keeps its zeros: poisoned x would show it)."""
+    from pyspmv_cl.formats import get_format, values
+
+    if np.dtype(dtype).kind == "c" and not get_format(fmt).complex_values:
+        pytest.skip(f"{fmt} takes no complex values")
+    gpu = device.override(device_type="gpu")
+    A = banded_with_holes(rng)
+    if np.dtype(dtype).kind == "c":
+        A = sp.csr_matrix(A + 1j * sp.csr_matrix(
+            (rng.standard_normal(A.nnz), A.indices, A.indptr), shape=A.shape))
+    op = psc.SpMV(A, format=fmt, dtype=dtype, device=gpu, **(
+        {"max_padding": None} if fmt in ("ell", "ellr-t") else {}))
+    impl = op._impl
+    structure = (A.indices, A.indptr)
+    codes = values._device_codes(impl, structure)
+    if not impl.converting_on_device or (fmt == "bccoo" and np.dtype(dtype).kind == "c"):
+        assert codes is None   # converted on the host: the host map
+    else:
+        assert codes is not None, fmt
+        found = codes.layout(op.queue)
+        host = values._layout(impl, structure)
+        assert found is not None and set(found) == set(host)
+        for name in host:
+            for got, want in zip(found[name], host[name]):
+                np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {name}")
+        # The update takes the device codes (the host conversion must not run).
+        monkeypatch.setattr(values, "host_arrays", lambda *a, **k: pytest.fail(
+            "the host conversion ran"))
+    new = rng.standard_normal(A.nnz) + (1j * rng.standard_normal(A.nnz)
+                                        if np.dtype(dtype).kind == "c" else 0)
+    op.update_values(new)
+    assert (op._updater.codes is not None) == (codes is not None)
+    assert op.nbytes_parts["value_map"] == op._updater.nbytes
+    if codes is not None:   # one code per stored slot
+        assert op._updater.nbytes == sum(size * np.dtype(dtype).itemsize
+                                         for size in impl.value_array_sizes.values())
+    B = A.copy()
+    B.data = new
+    x = rng.standard_normal(A.shape[1])
+    out = poisoned(A.shape[0], dtype)
+    op.matvec(x.astype(dtype), out=out)
+    ref = sp.csr_matrix(B, dtype=np.complex128 if np.dtype(dtype).kind == "c"
+                        else np.float64) @ x
+    tol = 1e-4 * (np.abs(B).astype(np.float64) @ np.abs(x) + 1e-30)
+    assert np.all(np.abs(out - ref) <= tol), fmt
+    # A^T's copy reads the updated values back through the map (decoded on the host).
+    y = rng.standard_normal(A.shape[0])
+    ref_t = sp.csr_matrix(B.T, dtype=ref.dtype) @ y
+    tol_t = 1e-4 * (np.abs(B.T).astype(np.float64) @ np.abs(y) + 1e-30)
+    assert np.all(np.abs(op.T @ y.astype(dtype) - ref_t) <= tol_t), fmt

@@ -25,12 +25,16 @@ import pyopencl as cl
 import scipy.sparse as sp
 
 from ..codegen import KernelSpec, matrix, scalar, scratch
+from ..device_inputs import DeviceCSR
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
 from .base import upload, upload_all
 from .builder import ProgramSpec, build_program
 from .storage import to_storage
 
 WORK_GROUP_SIZE = 64
+GATHER = KernelSpec("gather_values", (
+    scalar("count", "ulong"), scalar("first", "ulong"), matrix("codes", "code_t"),
+    matrix("src", "real_t"), scratch("dst", "real_t")))
 SCATTER = ProgramSpec("scatter_values.mako", (KernelSpec("scatter_values", (
     scalar("count", "ulong"), matrix("slots", "index_t"), matrix("sources", "index_t"),
     matrix("src", "real_t"), scratch("dst", "real_t"))),))
@@ -49,11 +53,101 @@ def host_arrays(fmt, csr, dtype, value_dtype=None) -> dict:
     return twin.convert(csr)
 
 
+#: Bit patterns of positive normal floats (the smallest normal's, per part width): a
+#: position p travels through a device conversion as the value whose bits are base + p,
+#: never zero, subnormal or NaN, so copies, comparisons with zero and flushes to zero
+#: all leave it as it is.
+_CODE_BASE = {4: (np.uint32, 0x0080_0000, 0x7F7F_FFFF),
+              8: (np.uint64, 0x0010_0000_0000_0000, 0x7FEF_FFFF_FFFF_FFFF)}
+
+
+class DeviceCodes:
+    """The map of an operator converted on the device: a twin operator made by the
+    format's own device conversion from the pattern, each value the code of its CSR
+    position (``_CODE_BASE``), whose value arrays are kept (the twin itself is not).
+    Each slot's code names its source; 0 marks fill.  The device conversions put each
+    entry in exactly one slot (tests/test_update_values.py compares every format's map
+    with the host one); ``layout()`` decodes the map on the host, checked, when the
+    values must be read back in CSR order."""
+
+    def __init__(self, fmt, twin, bits, first, nnz):
+        self.bits, self.first, self.nnz = bits, first, nnz
+        self.stride = 2 if fmt.dtype.kind == "c" else 1
+        self.arrays = {name: (twin.buffers[name], size)
+                       for name, size in fmt.value_array_sizes.items()}
+        self.nbytes = sum(size * fmt.dtype.itemsize for _, size in self.arrays.values())
+
+    def layout(self, queue):
+        """{array name: (slots, sources)} on the host, or None if the map is not one."""
+        layout, seen = {}, 0
+        for name, (buf, size) in self.arrays.items():
+            stored = np.empty(size * self.stride, dtype=self.bits)
+            if size:
+                cl.enqueue_copy(queue, stored, buf, is_blocking=True)
+            stored = stored[::self.stride]
+            slots = np.flatnonzero(stored)
+            layout[name] = (slots, stored[slots].astype(np.int64) - self.first)
+            seen += slots.size
+        return _checked(layout, seen, self.nnz)
+
+
+def _device_codes(fmt, structure):
+    """The :class:`DeviceCodes` of an operator that converted on the device (the host
+    conversion of the pattern took 0.5-3 s at 20M non-zeros), or None where that does
+    not apply (host conversion, values stored narrower, too many entries for the
+    codes, no room on the device for the twin)."""
+    if not fmt.converting_on_device or fmt.value_dtype != fmt.dtype:
+        return None
+    indices, indptr = structure
+    nnz = indices.size
+    part = np.dtype(fmt.dtype.char.lower()) if fmt.dtype.kind == "c" else fmt.dtype
+    bits, base, top = _CODE_BASE[part.itemsize]
+    if not nnz or base + nnz > top:
+        return None
+    codes = np.arange(base + 1, base + nnz + 1, dtype=bits).view(part)
+    data = np.empty(nnz, fmt.dtype)
+    data.real = codes
+    if fmt.dtype.kind == "c":
+        data.imag = codes
+    queue, idx = fmt.device.queue, fmt.index_dtype
+    probe = sp.csr_matrix(fmt.shape, dtype=fmt.dtype)
+    probe.data, probe.indices, probe.indptr = data, indices, indptr
+    try:
+        twin = type(fmt)(DeviceCSR.upload(probe, queue, idx, fmt.dtype, owned=True),
+                         fmt.device, fmt.dtype, dict(fmt.params))
+    except (PySpMVError, cl.Error, MemoryError):   # e.g. no room for a second copy
+        return None
+    if not twin.converting_on_device or twin.value_array_sizes != fmt.value_array_sizes:
+        return None
+    return DeviceCodes(fmt, twin, bits, base + 1, nnz)
+
+
+def _checked(layout, seen, nnz):
+    """``layout`` if it puts each of the ``nnz`` values in exactly one slot, else None."""
+    if seen != nnz:
+        return None
+    # nnz sources in [0, nnz) hit every position once exactly when they hit them all (a
+    # scatter of flags: np.bincount's counts cost 4x more, 0.2 s at 5M entries).
+    hit = np.zeros(nnz, dtype=bool)
+    for _, sources in layout.values():
+        if sources.size and (sources.min() < 0 or sources.max() >= nnz):
+            return None   # (a format that added entries up)
+        hit[sources] = True
+    return layout if hit.all() else None
+
+
 def _layout(fmt, structure):
     """{array name: (slots, sources)} or None when the format's conversion does not
     put each CSR value in exactly one slot."""
     indices, indptr = structure
     nnz = indices.size
+    sizes = fmt.value_array_sizes
+    if type(fmt).host_conversion_is_cast and len(sizes) == 1 and \
+            next(iter(sizes.values())) >= nnz:
+        # The CSR kernels' values are the CSR's, cast: in CSR order (no probe needed;
+        # at 20M non-zeros its conversion took 0.5-0.8 s).
+        every = np.arange(nnz)
+        return {next(iter(sizes)): (every, every)}
     # Positions as integers of the value type's width, so that every size-based
     # decision of the format comes out as it did for the real values.
     pos_dtype = np.dtype(np.int32 if fmt.dtype.itemsize == 4 and nnz < 2**31 - 1
@@ -74,12 +168,7 @@ def _layout(fmt, structure):
         slots = np.flatnonzero(arr)
         layout[name] = (slots, arr[slots].astype(np.int64) - 1)
         seen += slots.size
-    if seen != nnz:
-        return None
-    every = np.concatenate([src for _, src in layout.values()]) if layout else np.empty(0)
-    if every.size and np.any(np.bincount(every, minlength=nnz) != 1):
-        return None
-    return layout
+    return _checked(layout, seen, nnz)
 
 
 class ValueUpdater:
@@ -88,19 +177,35 @@ class ValueUpdater:
     def __init__(self, fmt, structure):
         self.fmt = fmt
         self.structure = structure
-        self.layout = _layout(fmt, structure)
         self.nbytes = 0
-        if self.layout is None:
+        self._layout = None
+        #: The map kept on the device as codes (an operator converted there), else None.
+        self.codes = _device_codes(fmt, structure)
+        if self.codes is not None:
+            self.has_map = True
+            self.nbytes = self.codes.nbytes
+            code_t = "uint" if self.codes.bits == np.uint32 else "ulong"
+            program = ProgramSpec("gather_values.mako", (GATHER,),
+                                  {"code_t": code_t, "stride": self.codes.stride})
+            kernels, _ = build_program(fmt.device, program, dtype=fmt.dtype,
+                                       index_dtype=fmt.index_dtype,
+                                       work_group_size=WORK_GROUP_SIZE)
+            self.kernel = kernels["gather_values"]
+            return
+        self._layout = _layout(fmt, structure)
+        #: Whether each value's slot is known (else updates convert the values again).
+        self.has_map = self._layout is not None
+        if self._layout is None:
             return
         queue, idx = fmt.device.queue, fmt.index_dtype
         self.device_layout = {}
         # Arrays that hold the values in CSR order, as they are (the CSR kernels',
         # coo's; the first ``size`` of them): an update copies straight into them, no
         # map, no scatter.
-        self.direct = [name for name, (slots, sources) in self.layout.items()
+        self.direct = [name for name, (slots, sources) in self._layout.items()
                        if slots.size == fmt.value_array_sizes[name]
                        and _is_identity(slots) and _is_identity(sources)]
-        for name, (slots, sources) in self.layout.items():
+        for name, (slots, sources) in self._layout.items():
             if name in self.direct:
                 continue
             slots_buf, sources_buf = upload_all(
@@ -115,16 +220,27 @@ class ValueUpdater:
                                    index_dtype=idx, work_group_size=WORK_GROUP_SIZE)
         self.kernel = kernels["scatter_values"]   # this updater's own kernel object
 
+    @property
+    def layout(self):
+        """{array name: (slots, sources)} on the host (decoded from the device's codes
+        on first use there), or None without a map."""
+        if self._layout is None and self.codes is not None:
+            self._layout = self.codes.layout(self.fmt.device.queue)
+        return self._layout
+
     def update(self, queue, data) -> None:
         """Write ``data`` (CSR order, already checked) into the format's value arrays;
         returns when the device holds them."""
         fmt = self.fmt
         data = np.ascontiguousarray(data, dtype=fmt.dtype)
+        if self.codes is not None:   # the codes on the device: one gather per array
+            self._gather(queue, data)
+            return
         if fmt.value_dtype != fmt.dtype:   # value_bits: rounded here, overflow refused
             stored = to_storage(fmt.name, data, fmt.dtype, fmt.value_dtype, update=True)
         else:
             stored = data
-        if self.layout is None:   # the format's host conversion, values only
+        if self._layout is None:   # the format's host conversion, values only
             indices, indptr = self.structure
             csr = sp.csr_matrix(fmt.shape, dtype=fmt.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
@@ -152,6 +268,26 @@ class ValueUpdater:
                                              "sources": sources, "src": src,
                                              "dst": fmt.buffers[name]}, types))
             groups = -(-count // WORK_GROUP_SIZE)
+            events.append(cl.enqueue_nd_range_kernel(
+                queue, self.kernel, (groups * WORK_GROUP_SIZE,), (WORK_GROUP_SIZE,)))
+        if events:
+            cl.wait_for_events(events)
+        src.release()
+
+
+    def _gather(self, queue, data):
+        fmt, codes = self.fmt, self.codes
+        src = upload(queue, data)
+        spec, types = GATHER, fmt.scalar_types()
+        events = []
+        for name, (buf, size) in codes.arrays.items():
+            if not size:
+                continue
+            # Arguments are captured at each enqueue: the one kernel object serves all.
+            self.kernel.set_args(*spec.bind({"count": size, "first": codes.first,
+                                             "codes": buf, "src": src,
+                                             "dst": fmt.buffers[name]}, types))
+            groups = -(-size // WORK_GROUP_SIZE)
             events.append(cl.enqueue_nd_range_kernel(
                 queue, self.kernel, (groups * WORK_GROUP_SIZE,), (WORK_GROUP_SIZE,)))
         if events:
