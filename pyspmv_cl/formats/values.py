@@ -181,6 +181,9 @@ class ValueUpdater:
         self._layout = None
         #: The map kept on the device as codes (an operator converted there), else None.
         self.codes = _device_codes(fmt, structure)
+        #: The host map's arrays: those copied straight, and name -> (count, slots,
+        #: sources) on the device for the scatter (both empty with codes).
+        self.direct, self.device_layout = [], {}
         if self.codes is not None:
             self.has_map = True
             self.nbytes = self.codes.nbytes
@@ -198,7 +201,6 @@ class ValueUpdater:
         if self._layout is None:
             return
         queue, idx = fmt.device.queue, fmt.index_dtype
-        self.device_layout = {}
         # Arrays that hold the values in CSR order, as they are (the CSR kernels',
         # coo's; the first ``size`` of them): an update copies straight into them, no
         # map, no scatter.
