@@ -136,18 +136,25 @@ def _checked(layout, seen, nnz):
     return layout if hit.all() else None
 
 
+def _csr_order(fmt, nnz):
+    """The name of the one value array of a format that holds the values in CSR order,
+    its first ``nnz`` slots (the CSR kernels: their conversion is a cast), else None."""
+    sizes = fmt.value_array_sizes
+    if type(fmt).host_conversion_is_cast and len(sizes) == 1 and \
+            next(iter(sizes.values())) >= nnz:
+        return next(iter(sizes))
+    return None
+
+
 def _layout(fmt, structure):
     """{array name: (slots, sources)} or None when the format's conversion does not
     put each CSR value in exactly one slot."""
     indices, indptr = structure
     nnz = indices.size
-    sizes = fmt.value_array_sizes
-    if type(fmt).host_conversion_is_cast and len(sizes) == 1 and \
-            next(iter(sizes.values())) >= nnz:
-        # The CSR kernels' values are the CSR's, cast: in CSR order (no probe needed;
-        # at 20M non-zeros its conversion took 0.5-0.8 s).
+    name = _csr_order(fmt, nnz)
+    if name is not None:   # no probe needed (at 20M non-zeros it took 0.5-0.8 s)
         every = np.arange(nnz)
-        return {next(iter(sizes)): (every, every)}
+        return {name: (every, every)}
     # Positions as integers of the value type's width, so that every size-based
     # decision of the format comes out as it did for the real values.
     pos_dtype = np.dtype(np.int32 if fmt.dtype.itemsize == 4 and nnz < 2**31 - 1
@@ -195,6 +202,10 @@ class ValueUpdater:
                                        work_group_size=WORK_GROUP_SIZE)
             self.kernel = kernels["gather_values"]
             return
+        in_order = _csr_order(fmt, structure[0].size)
+        if in_order is not None:   # copied straight in; the layout made only if read
+            self.has_map, self.direct = True, [in_order]
+            return
         self._layout = _layout(fmt, structure)
         #: Whether each value's slot is known (else updates convert the values again).
         self.has_map = self._layout is not None
@@ -226,8 +237,9 @@ class ValueUpdater:
     def layout(self):
         """{array name: (slots, sources)} on the host (decoded from the device's codes
         on first use there), or None without a map."""
-        if self._layout is None and self.codes is not None:
-            self._layout = self.codes.layout(self.fmt.device.queue)
+        if self._layout is None and self.has_map:
+            self._layout = self.codes.layout(self.fmt.device.queue) if self.codes \
+                else _layout(self.fmt, self.structure)
         return self._layout
 
     def update(self, queue, data) -> None:
@@ -242,7 +254,7 @@ class ValueUpdater:
             stored = to_storage(fmt.name, data, fmt.dtype, fmt.value_dtype, update=True)
         else:
             stored = data
-        if self._layout is None:   # the format's host conversion, values only
+        if not self.has_map:   # the format's host conversion, values only
             indices, indptr = self.structure
             csr = sp.csr_matrix(fmt.shape, dtype=fmt.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
