@@ -737,7 +737,8 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
 
 def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
                        block_size=1):
-    """A stored winner that converts on the host (ell, csr5, bccoo, ...): start on the
+    """A stored winner that converts on the host (on CPUs ell, csr5, bccoo, ...; on GPUs
+    bccoo's block shapes other than 1 x 1, or rows out of order): start on the
     online start format at once and convert the winner in the background (online.py's
     machinery, without measuring), so that a known matrix sets up as fast as a new one.
     A winner of the start's own format (sell on CPUs) is built at once: it converts as
