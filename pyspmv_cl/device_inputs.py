@@ -36,11 +36,14 @@ class DeviceCSR:
         return self.data.context
 
     def as_type(self, name: str, dtype, queue, copy: bool = False) -> cla.Array:
-        """One of the arrays in ``dtype``: itself when it has it and ``copy`` is false
-        (to read it only) or the arrays are ``owned`` (nobody else changes them), else a
-        copy cast on the device (to keep it)."""
+        """One of the arrays in ``dtype``, starting at its buffer's beginning: itself
+        when it is so and has the type, and ``copy`` is false (to read it only) or the
+        arrays are ``owned`` (nobody else changes them); else a copy cast on the device
+        (to keep it).  A view at an offset in a larger buffer is always copied: the
+        kernels take buffers and read them from element 0 (coo's conversion read the
+        buffer's head instead of the view, and crashed PoCL)."""
         arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
-        if arr.dtype == np.dtype(dtype) and (not copy or self.owned):
+        if arr.dtype == np.dtype(dtype) and (not copy or self.owned) and not arr.offset:
             return arr
         return arr.astype(np.dtype(dtype), queue=queue)   # astype always copies
 
@@ -61,12 +64,6 @@ class DeviceCSR:
         csr.indices = self.indices.get(queue)
         csr.indptr = self.indptr
         return csr
-
-
-def whole_buffer(arr: cla.Array) -> cla.Array:
-    """``arr``, or a copy of it when it starts inside its buffer (a view at an offset):
-    kernels take buffers, and read them from their beginning."""
-    return arr if not arr.offset else arr.copy()
 
 
 def as_device_csr(triple, shape, queue) -> DeviceCSR:

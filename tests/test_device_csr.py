@@ -9,6 +9,7 @@ import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DEVICES, assert_close, make_operator, poisoned, reference
+from device_conversion import on_device
 from matrix_cases import CASES
 
 import pyspmv_cl as psc
@@ -17,11 +18,6 @@ from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.tuning import database
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
-
-
-def on_device(queue, A, index_dtype=np.int32):
-    return (cla.to_device(queue, A.data), cla.to_device(queue, A.indices.astype(index_dtype)),
-            cla.to_device(queue, A.indptr.astype(index_dtype)))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -39,6 +35,30 @@ def test_every_format_takes_a_device_matrix(fmt, case, dtype, device, rng):
     out = poisoned(A.shape[0], dtype)
     op.matvec(x, out=out)
     assert_close(out, reference(A, x), A, x, dtype)
+
+
+@pytest.mark.parametrize("profile", ["native", "gpu"])
+@pytest.mark.parametrize("fmt", psc.formats())
+def test_every_format_takes_views_at_an_offset(fmt, profile, device, rng):
+    """The caller's arrays may be views into larger buffers (their heads poisoned): every
+    conversion reads the views, not the buffers' first elements (ell and ellr-t gave
+    wrong products, sell and coo crashed PoCL before DeviceCSR.as_type copied them)."""
+    dev = device.override(device_type="gpu") if profile == "gpu" else device
+    A = sp.csr_matrix(CASES["empty_rows"](rng))
+    pad = 5
+    poison = {np.dtype(np.float64): np.nan, np.dtype(np.int32): 2**30}
+    whole = [cla.to_device(dev.queue, np.concatenate([np.full(pad, poison[a.dtype], a.dtype), a]))
+             for a in (A.data.astype(np.float64), A.indices.astype(np.int32),
+                       A.indptr.astype(np.int32))]
+    op = make_operator(tuple(w[pad:] for w in whole), fmt, shape=A.shape, dtype=np.float32,
+                       device=dev)
+    if op is None:
+        pytest.skip(f"{fmt} refuses this matrix")
+    assert op._impl.converting_on_device
+    x = rng.standard_normal(A.shape[1])
+    out = poisoned(A.shape[0], np.float32)
+    op.matvec(x, out=out)
+    assert_close(out, reference(A, x), A, x, np.float32)
 
 
 @pytest.mark.parametrize("fmt, params", [("csr-scalar", {}), ("csr-vector", {}),

@@ -13,7 +13,7 @@ import numpy as np
 import pyopencl.array as cla
 
 from ..codegen import KernelSpec, matrix, scalar, scratch
-from ..device_inputs import DeviceCSR, whole_buffer
+from ..device_inputs import DeviceCSR
 from .base import round_up
 from .bccoo_convert import FLAG_TYPES, build_blocks, tile_geometry
 from .builder import ProgramSpec
@@ -82,13 +82,13 @@ def convert(fmt, csr: DeviceCSR, n_blocks: int, first_block) -> dict | None:
     idx, pos = fmt.index_dtype, fmt.pos_dtype
     T, wg_layout = p["tile_size"], p["work_group_size"]
     wg = min(GROUP, fmt.profile.max_work_group_size)
-    row_ptr = whole_buffer(csr.as_type("indptr", idx, queue))
-    col_idx = whole_buffer(csr.as_type("indices", idx, queue))
+    row_ptr = csr.as_type("indptr", idx, queue)
+    col_idx = csr.as_type("indices", idx, queue)
     if fmt.run_check(queue, "bccoo_check_rows", round_up(fmt.shape[0], wg), wg,
                      n_rows=fmt.shape[0], csr_row_ptr=row_ptr.base_data,
                      csr_col_idx=col_idx.base_data):
         return None
-    values = whole_buffer(csr.as_type("data", fmt.dtype, queue))
+    values = csr.as_type("data", fmt.dtype, queue)
     if first_block is None and idx == pos:
         first = row_ptr
     else:

@@ -12,7 +12,7 @@ import numpy as np
 import pyopencl.array as cla
 
 from ..codegen import KernelSpec, c_type, matrix, scalar, scratch
-from ..device_inputs import DeviceCSR, whole_buffer
+from ..device_inputs import DeviceCSR
 from .base import round_up
 from .builder import ProgramSpec
 
@@ -53,13 +53,13 @@ def convert(fmt, csr: DeviceCSR, strip_ptr: np.ndarray) -> dict | None:
     queue = fmt.device.queue
     m, nnz = fmt.shape[0], csr.nnz
     wg = min(GROUP, fmt.profile.max_work_group_size)
-    row_ptr = whole_buffer(csr.as_type("indptr", fmt.index_dtype, queue))
-    col_idx = whole_buffer(csr.as_type("indices", fmt.index_dtype, queue))
+    row_ptr = csr.as_type("indptr", fmt.index_dtype, queue)
+    col_idx = csr.as_type("indices", fmt.index_dtype, queue)
     if fmt.params["sort_columns"] and fmt.run_check(
             queue, "cmrs_check_rows", round_up(m, wg), wg, n_rows=m,
             csr_row_ptr=row_ptr.base_data, csr_col_idx=col_idx.base_data):
         return None
-    values = whole_buffer(csr.as_type("data", fmt.dtype, queue))
+    values = csr.as_type("data", fmt.dtype, queue)
     out = {"strip_ptr": cla.to_device(queue, strip_ptr.astype(fmt.index_dtype))}
     if fmt.packed:
         out["col_idx"] = cla.empty(queue, max(1, nnz), fmt.word_dtype)

@@ -35,7 +35,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from ..codegen import ALPHA_ARG, BETA_ARG, X_ARG, Y_ARG, KernelSpec, matrix, scalar, scratch
-from ..device_inputs import DeviceCSR, whole_buffer
+from ..device_inputs import DeviceCSR
 from ..errors import DeviceCapabilityError, InvalidParameterError
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
@@ -505,7 +505,7 @@ class CSR5(SpMVFormat):
             return cl.Buffer(queue.context, cl.mem_flags.READ_WRITE,
                              max(1, size) * np.dtype(dtype).itemsize)
 
-        row_ptr = whole_buffer(csr.as_type("indptr", idx, queue, copy=True))
+        row_ptr = csr.as_type("indptr", idx, queue, copy=True)
         tile_ptr = cla.empty(queue, p + 1, ptr_type)
         lay = {"row_ptr": row_ptr, "tile_ptr": tile_ptr}
         bufs = {"row_ptr": row_ptr.base_data, "tile_ptr": tile_ptr.base_data,
@@ -661,8 +661,8 @@ class CSR5(SpMVFormat):
             "csr5_tiles_convert", max(1, -(-p_full // tiles_per_group)) * tile_group,
             tile_group, n_rows=m, n_full_tiles=p_full, n_tail=nnz - p_full * omega * sigma,
             **_pick(bufs, "row_ptr", "first_row", "empty_before", "nonempty_rows"),
-            csr_col_idx=whole_buffer(csr.as_type("indices", idx, queue)).base_data,
-            csr_values=whole_buffer(csr.as_type("data", self.dtype, queue)).base_data,
+            csr_col_idx=csr.as_type("indices", idx, queue).base_data,
+            csr_values=csr.as_type("data", self.dtype, queue).base_data,
             col_idx_out=ob["col_idx"], values_out=ob["values"], tile_desc=ob["tile_desc"]))
         self._run(queue, steps, finish=True)   # done before any product, whatever the order
         del self._program

@@ -14,7 +14,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from ..codegen import KernelSpec, matrix, scalar, scratch
-from ..device_inputs import DeviceCSR, whole_buffer
+from ..device_inputs import DeviceCSR
 from .base import round_up
 from .builder import ProgramSpec, build_program
 
@@ -69,9 +69,9 @@ def analyse(fmt, csr: DeviceCSR) -> Layout | None:
     m, n = fmt.shape
     specs, kernels = _program(fmt)
     wg = min(GROUP, fmt.profile.max_work_group_size)
-    bufs = {"csr_row_ptr": whole_buffer(csr.as_type("indptr", fmt.index_dtype, queue)),
-            "csr_col_idx": whole_buffer(csr.as_type("indices", fmt.index_dtype, queue)),
-            "csr_values": whole_buffer(csr.as_type("data", fmt.dtype, queue))}
+    bufs = {"csr_row_ptr": csr.as_type("indptr", fmt.index_dtype, queue),
+            "csr_col_idx": csr.as_type("indices", fmt.index_dtype, queue),
+            "csr_values": csr.as_type("data", fmt.dtype, queue)}
     present = cla.zeros(queue, m + n - 1, np.uint8)
     flags = cla.zeros(queue, 2, np.int32)
     event = fmt.run_now(queue, [fmt.step(
