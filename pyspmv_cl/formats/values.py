@@ -248,7 +248,10 @@ class ValueUpdater:
         fmt = self.fmt
         data = np.ascontiguousarray(data, dtype=fmt.dtype)
         if self.codes is not None:   # the codes on the device: one gather per array
-            self._gather(queue, data)
+            codes = self.codes
+            self._launch_each(queue, GATHER, data, [
+                (size, {"first": codes.first, "codes": buf, "dst": fmt.buffers[name]})
+                for name, (buf, size) in codes.arrays.items()])
             return
         if fmt.value_dtype != fmt.dtype:   # value_bits: rounded here, overflow refused
             stored = to_storage(fmt.name, data, fmt.dtype, fmt.value_dtype, update=True)
@@ -272,36 +275,23 @@ class ValueUpdater:
             if events:
                 cl.wait_for_events(events)
             return
-        src = upload(queue, stored)
-        spec, types = SCATTER.kernels[0], fmt.scalar_types()
-        for name, (count, slots, sources) in self.device_layout.items():
+        self._launch_each(queue, SCATTER.kernels[0], stored, [
+            (count, {"slots": slots, "sources": sources, "dst": fmt.buffers[name]})
+            for name, (count, slots, sources) in self.device_layout.items()], events)
+
+    def _launch_each(self, queue, spec, values, launches, events=()):
+        """Upload ``values`` once as ``src`` and run this updater's kernel (``spec``: the
+        scatter or the gather) for each ``(count, other arguments)`` of ``launches``, a
+        work-item per element; returns when they and ``events`` are done."""
+        events = list(events)
+        src = upload(queue, values)
+        types = self.fmt.scalar_types()
+        for count, args in launches:
             if not count:
                 continue
             # Arguments are captured at each enqueue: the one kernel object serves all.
-            self.kernel.set_args(*spec.bind({"count": count, "slots": slots,
-                                             "sources": sources, "src": src,
-                                             "dst": fmt.buffers[name]}, types))
+            self.kernel.set_args(*spec.bind({"count": count, "src": src, **args}, types))
             groups = -(-count // WORK_GROUP_SIZE)
-            events.append(cl.enqueue_nd_range_kernel(
-                queue, self.kernel, (groups * WORK_GROUP_SIZE,), (WORK_GROUP_SIZE,)))
-        if events:
-            cl.wait_for_events(events)
-        src.release()
-
-
-    def _gather(self, queue, data):
-        fmt, codes = self.fmt, self.codes
-        src = upload(queue, data)
-        spec, types = GATHER, fmt.scalar_types()
-        events = []
-        for name, (buf, size) in codes.arrays.items():
-            if not size:
-                continue
-            # Arguments are captured at each enqueue: the one kernel object serves all.
-            self.kernel.set_args(*spec.bind({"count": size, "first": codes.first,
-                                             "codes": buf, "src": src,
-                                             "dst": fmt.buffers[name]}, types))
-            groups = -(-size // WORK_GROUP_SIZE)
             events.append(cl.enqueue_nd_range_kernel(
                 queue, self.kernel, (groups * WORK_GROUP_SIZE,), (WORK_GROUP_SIZE,)))
         if events:
