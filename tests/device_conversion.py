@@ -1,6 +1,7 @@
 """Helpers of the device-conversion tests (tests/test_*_device.py): a scipy matrix as
 device arrays, a guard that fails on any read-back of the matrix, the comparison of an
-operator's device arrays with the host conversion's, and a product against scipy."""
+operator's device arrays with the host conversion's, a product against scipy, and a
+host matrix's route under GPU and CPU profiles."""
 
 import numpy as np
 import pyopencl as cl
@@ -8,8 +9,9 @@ import pyopencl.array as cla
 import scipy.sparse as sp
 from conftest import assert_cclose, assert_close, poisoned, reference
 
+import pyspmv_cl as psc
 from pyspmv_cl.device_inputs import DeviceCSR
-from pyspmv_cl.formats import values
+from pyspmv_cl.formats import base, get_format, values
 
 
 def on_device(queue, A, index_dtype=np.int32):
@@ -59,3 +61,25 @@ def check_product(op, A, rng):
         assert_cclose(out, ref, A, x, dtype)
     else:
         assert_close(out, reference(A, x), A, x, dtype)
+
+
+def host_input_on_a_gpu(device, fmt, A, rng, gpu=None, **params):
+    """A host CSR ``A`` goes up and converts on the device under a GPU profile (``gpu``:
+    the override's settings), to the host conversion's arrays, with products matching
+    scipy before and after update_values; under a CPU profile it converts on the host.
+    Returns the GPU operator and profile."""
+    gpu = device.override(device_type="gpu", **(gpu or {}))
+    cpu = device.override(device_type="cpu")
+    cls = get_format(fmt)
+    assert base.converts_on_the_device(cls, A, gpu)
+    assert not base.converts_on_the_device(cls, A, cpu)
+    op = psc.SpMV(A, format=fmt, dtype=np.float32, device=gpu, **params)
+    assert_same_as_host(op, A)
+    check_product(op, A, rng)
+    assert not psc.SpMV(A, format=fmt, dtype=np.float32, device=cpu,
+                        **op.params)._impl.converting_on_device
+    B = A.copy()
+    B.data = rng.standard_normal(A.nnz)
+    op.update_values(B.data)
+    check_product(op, B, rng)
+    return op, gpu

@@ -5,7 +5,8 @@ values from ``rng`` (a ``numpy.random.Generator``).  The matrix is a scipy.spars
 possibly non-canonical on purpose (unsorted column indices, duplicates, explicit zeros)
 or a COO matrix with duplicates; scipy's own product on it is the reference.
 
-``random_csr`` and ``csr_from_row_lengths`` are the builders, reusable by other tests.
+``random_csr``, ``csr_from_row_lengths``, ``band`` and ``with_holes`` are the builders,
+reusable by other tests.
 """
 
 import numpy as np
@@ -38,6 +39,21 @@ def csr_from_row_lengths(rng, row_lengths, n_cols, *, values=None, shuffle=False
     if shuffle:
         A.has_sorted_indices = False
     return A
+
+
+def band(rng, n, half_width):
+    """An n x n CSR band: the diagonals -half_width..half_width, random values."""
+    offsets = list(range(-half_width, half_width + 1))
+    return sp.diags([rng.standard_normal(n - abs(k)) for k in offsets], offsets,
+                    format="csr")
+
+
+def with_holes(rng, A, share):
+    """A copy of ``A`` without about ``share`` of its entries (drawn at random)."""
+    B = A.copy()
+    B.data[rng.random(B.nnz) < share] = 0.0
+    B.eliminate_zeros()
+    return B
 
 
 def random_csr(rng, m, n, density):

@@ -14,12 +14,18 @@ import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
-from conftest import assert_close, poisoned, reference, skip_without_fp64
-from device_conversion import assert_same_as_host, check_product, on_device, refuse_read_back
+from conftest import poisoned, skip_without_fp64
+from device_conversion import (
+    assert_same_as_host,
+    check_product,
+    host_input_on_a_gpu,
+    on_device,
+    refuse_read_back,
+)
 from matrix_cases import csr_from_row_lengths
 
 import pyspmv_cl as psc
-from pyspmv_cl.formats import base, get_format, values
+from pyspmv_cl.formats import get_format, values
 
 pytestmark = pytest.mark.skipif("bccoo" not in psc.formats(), reason="no bccoo format")
 
@@ -156,23 +162,10 @@ def test_host_matrix_converts_on_a_gpu_when_its_rows_are_in_order(device, rng):
     arrays); an unsorted one, another block shape and a CPU profile stay on the host;
     update_values rewrites the device arrays."""
     A = sp.csr_matrix(matrices(rng, 16)["edges"])
-    gpu = device.override(device_type="gpu")
-    cpu = device.override(device_type="cpu")
-    cls = get_format("bccoo")
-    assert base.converts_on_the_device(cls, A, gpu)
-    assert not base.converts_on_the_device(cls, A, cpu)
-    op = psc.SpMV(A, format="bccoo", dtype=np.float32, device=gpu, tile_size=4,
-                  work_group_size=8)
-    assert_same_as_host(op, A)
-    check_product(op, A, rng)
+    op, gpu = host_input_on_a_gpu(device, "bccoo", A, rng, tile_size=4, work_group_size=8)
     assert not psc.SpMV(A, format="bccoo", dtype=np.float32, device=gpu, tile_size=4,
                         work_group_size=8, block_height=2)._impl.converting_on_device
     unsorted = csr_from_row_lengths(rng, np.diff(A.indptr), A.shape[1], shuffle=True)
-    assert not cls.device_conversion_takes(unsorted, op.params, np.float32)
+    assert not get_format("bccoo").device_conversion_takes(unsorted, op.params, np.float32)
     assert not psc.SpMV(unsorted, format="bccoo", dtype=np.float32, device=gpu,
                         tile_size=4, work_group_size=8)._impl.converting_on_device
-    B = A.copy()
-    B.data = rng.standard_normal(A.nnz)
-    op.update_values(B.data)
-    x = rng.standard_normal(A.shape[1])
-    assert_close(op @ x, reference(B, x), B, x, np.float32)

@@ -11,12 +11,18 @@ import numpy as np
 import pyopencl as cl
 import pytest
 import scipy.sparse as sp
-from conftest import assert_close, poisoned, reference, skip_without_fp64
-from device_conversion import assert_same_as_host, check_product, on_device, refuse_read_back
+from conftest import poisoned, skip_without_fp64
+from device_conversion import (
+    assert_same_as_host,
+    check_product,
+    host_input_on_a_gpu,
+    on_device,
+    refuse_read_back,
+)
 from matrix_cases import csr_from_row_lengths
 
 import pyspmv_cl as psc
-from pyspmv_cl.formats import base, get_format, values
+from pyspmv_cl.formats import get_format, values
 
 pytestmark = pytest.mark.skipif("cmrs" not in psc.formats(), reason="no cmrs format")
 
@@ -98,25 +104,12 @@ def test_no_entries(device, rng):
 
 def test_host_matrix_converts_on_a_gpu_when_it_can(device, rng):
     A = sp.csr_matrix(matrices(rng)["edges"])
-    gpu = device.override(device_type="gpu")
-    cpu = device.override(device_type="cpu")
-    cls = get_format("cmrs")
-    assert base.converts_on_the_device(cls, A, gpu)
-    assert not base.converts_on_the_device(cls, A, cpu)
-    op = psc.SpMV(A, format="cmrs", dtype=np.float32, device=gpu)
+    op, gpu = host_input_on_a_gpu(device, "cmrs", A, rng)
     assert op.params["sort_columns"]
-    assert_same_as_host(op, A)
-    check_product(op, A, rng)
+    cls = get_format("cmrs")
     unsorted = csr_from_row_lengths(rng, np.diff(A.indptr), A.shape[1], shuffle=True)
     assert not cls.device_conversion_takes(unsorted, op.params, np.float32)
     assert cls.device_conversion_takes(unsorted, dict(op.params, sort_columns=False),
                                        np.float32)
     assert not psc.SpMV(unsorted, format="cmrs", dtype=np.float32,
                         device=gpu)._impl.converting_on_device
-    assert not psc.SpMV(A, format="cmrs", dtype=np.float32,
-                        device=cpu)._impl.converting_on_device
-    B = A.copy()
-    B.data = rng.standard_normal(A.nnz)
-    op.update_values(B.data)
-    x = rng.standard_normal(A.shape[1])
-    assert_close(op @ x, reference(B, x), B, x, np.float32)

@@ -12,11 +12,17 @@ import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import skip_without_fp64
-from device_conversion import assert_same_as_host, check_product, on_device, refuse_read_back
-from matrix_cases import csr_from_row_lengths
+from device_conversion import (
+    assert_same_as_host,
+    check_product,
+    host_input_on_a_gpu,
+    on_device,
+    refuse_read_back,
+)
+from matrix_cases import band, csr_from_row_lengths, with_holes
 
 import pyspmv_cl as psc
-from pyspmv_cl.formats import base, get_format
+from pyspmv_cl.formats import get_format
 
 pytestmark = pytest.mark.skipif("dia" not in psc.formats(), reason="no dia format")
 
@@ -25,20 +31,17 @@ NO_LIMITS = dict(max_fill=float("inf"), max_diagonals=10**9)
 
 def matrices(rng):
     n = 400
-    band = sp.diags([rng.standard_normal(n - abs(k)) for k in range(-4, 5)],
-                    list(range(-4, 5)), format="csr")
-    holes = band.copy()
-    holes.data[rng.random(holes.nnz) < 0.4] = 0.0
-    holes.eliminate_zeros()
+    full = band(rng, n, 4)
+    holes = with_holes(rng, full, 0.4)
     holes = sp.vstack([holes[:100], sp.csr_matrix((20, n)), holes[120:]]).tocsr()  # empty rows
-    zeros = band.copy()
+    zeros = full.copy()
     zeros.data[::7] = 0.0        # stored zeros: multiplied, so the bitmap
     tall = sp.csr_matrix(([1.0, 2.0, 3.0, 4.0], ([0, 59, 30, 59], [9, 0, 5, 9])),
                          shape=(60, 10))
     wide = sp.csr_matrix(([1.0, 2.0, 3.0], ([0, 4, 2], [79, 0, 40])), shape=(5, 80))
     line = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (30, 30))
     stencil = sp.csr_matrix(sp.kronsum(line, line))
-    return {"band": band, "holes": holes, "zeros": zeros, "tall": tall, "wide": wide,
+    return {"band": full, "holes": holes, "zeros": zeros, "tall": tall, "wide": wide,
             "stencil": stencil}
 
 
@@ -103,23 +106,10 @@ def test_rows_out_of_order_convert_on_the_host(case, device, rng):
 
 def test_host_matrix_converts_on_a_gpu_without_duplicates(device, rng):
     A = matrices(rng)["zeros"]
-    gpu = device.override(device_type="gpu")
-    cpu = device.override(device_type="cpu")
-    cls = get_format("dia")
-    assert base.converts_on_the_device(cls, A, gpu)
-    assert not base.converts_on_the_device(cls, A, cpu)
-    op = psc.SpMV(A, format="dia", dtype=np.float32, device=gpu)
-    assert_same_as_host(op, A)
-    check_product(op, A, rng)
+    op, gpu = host_input_on_a_gpu(device, "dia", A, rng)
     dup = sp.csr_matrix(A, copy=True)
     dup.indices[dup.indptr[3] + 1] = dup.indices[dup.indptr[3]]
     dup.has_canonical_format = False
-    assert not cls.device_conversion_takes(dup, op.params, np.float32)
+    assert not get_format("dia").device_conversion_takes(dup, op.params, np.float32)
     assert not psc.SpMV(dup, format="dia", dtype=np.float32,
                         device=gpu)._impl.converting_on_device
-    assert not psc.SpMV(A, format="dia", dtype=np.float32,
-                        device=cpu)._impl.converting_on_device
-    B = A.copy()
-    B.data = rng.standard_normal(A.nnz)
-    op.update_values(B.data)
-    check_product(op, B, rng)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import DTYPES, poisoned, skip_without_fp64
-from matrix_cases import CASES, check_against_scipy, check_all
+from matrix_cases import CASES, band, check_against_scipy, check_all, with_holes
 from matrix_cases import read_back as shared_read_back
 
 import pyspmv_cl as psc
@@ -189,13 +189,10 @@ def test_work_group_sizes_and_profiles(wg, profile, dtype, device, rng):
 def test_stencils_and_banded_accepted(dtype, device, rng):
     skip_without_fp64(device, dtype)
     n = 30000
-    band = sp.diags([rng.standard_normal(n - abs(k)) for k in range(-10, 11)],
-                    list(range(-10, 11)), format="csr")
+    full = band(rng, n, 10)
     # A banded matrix with half of the band missing at random: fill about 2.
-    sparse_band = band.copy()
-    sparse_band.data[rng.random(sparse_band.nnz) < 0.5] = 0.0
-    sparse_band.eliminate_zeros()
-    for A, n_diags in ((stencil_2d(300), 5), (stencil_3d_27(24), 27), (band, 21),
+    sparse_band = with_holes(rng, full, 0.5)
+    for A, n_diags in ((stencil_2d(300), 5), (stencil_3d_27(24), 27), (full, 21),
                        (sparse_band, 21)):
         op = psc.SpMV(A, format="dia", dtype=dtype, device=device)
         assert op._impl.n_diags == n_diags

@@ -7,7 +7,7 @@ import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import assert_close, make_operator, poisoned, reference, skip_without_fp64
-from matrix_cases import CASES
+from matrix_cases import CASES, band, with_holes
 
 import pyspmv_cl as psc
 
@@ -211,10 +211,7 @@ def test_formats_say_how_they_read_values(device, rng):
 def banded_with_holes(rng, n=300):
     """A band of five diagonals with random holes and a run of empty rows: every format
     takes it (dia too), and it exercises padding, dummies and empty rows."""
-    A = sp.diags([rng.standard_normal(n - abs(k)) for k in range(-2, 3)], list(range(-2, 3)),
-                 format="csr")
-    A.data[rng.random(A.nnz) < 0.3] = 0.0
-    A.eliminate_zeros()
+    A = with_holes(rng, band(rng, n, 2), 0.3)
     return sp.vstack([A[:100], sp.csr_matrix((15, n)), A[115:]]).tocsr()
 
 
