@@ -186,11 +186,18 @@ class ValueUpdater:
         self.structure = structure
         self.nbytes = 0
         self._layout = None
-        #: The map kept on the device as codes (an operator converted there), else None.
-        self.codes = _device_codes(fmt, structure)
         #: The host map's arrays: those copied straight, and name -> (count, slots,
         #: sources) on the device for the scatter (both empty with codes).
         self.direct, self.device_layout = [], {}
+        #: The map kept on the device as codes (an operator converted there), else None.
+        self.codes = None
+        in_order = _csr_order(fmt, structure[0].size)
+        if in_order is not None:   # copied straight in; the layout made only if read
+            # (Before the codes: a CSR kernel given device arrays converts there too,
+            # but its map is the identity, known without a second conversion.)
+            self.has_map, self.direct = True, [in_order]
+            return
+        self.codes = _device_codes(fmt, structure)
         if self.codes is not None:
             self.has_map = True
             self.nbytes = self.codes.nbytes
@@ -201,10 +208,6 @@ class ValueUpdater:
                                        index_dtype=fmt.index_dtype,
                                        work_group_size=WORK_GROUP_SIZE)
             self.kernel = kernels["gather_values"]
-            return
-        in_order = _csr_order(fmt, structure[0].size)
-        if in_order is not None:   # copied straight in; the layout made only if read
-            self.has_map, self.direct = True, [in_order]
             return
         self._layout = _layout(fmt, structure)
         #: Whether each value's slot is known (else updates convert the values again).
