@@ -176,9 +176,8 @@ class CMRS(SpMVFormat):
         self.row_shift = row_bits_shift(self.index_dtype)
         #: The packed words' type: the index type's unsigned twin.
         self.word_dtype = np.dtype(self.index_dtype.str.replace("i", "u"))
-        if isinstance(csr, DeviceCSR) and not csr.nnz:   # nothing to convert there
-            self.converting_on_device = False
-            self._host_csr = csr.to_host(self.device.queue)
+        if isinstance(csr, DeviceCSR) and not csr.nnz:   # nothing to convert there:
+            self.converting_on_device = False            # convert reads it back
 
     @classmethod
     def device_conversion_takes(cls, csr, params, dtype):
@@ -231,8 +230,8 @@ class CMRS(SpMVFormat):
         return arrays
 
     def convert(self, csr):
-        if isinstance(csr, DeviceCSR):   # analyse read it back (no entries)
-            csr = self.__dict__.pop("_host_csr")
+        if isinstance(csr, DeviceCSR):   # no entries (analyse): nothing to read but indptr
+            csr = csr.to_host(self.device.queue)
         m, n = self.shape
         h = self.params["height"]
         indptr = csr.indptr.astype(np.int64)
