@@ -83,7 +83,7 @@ def dia_diagonals(csr):
     rank = None if csr.nnz < 2 or csr.has_canonical_format else \
         _duplicate_rank(rows, cols, n)
     if rank is None:
-        if csr.nnz and m + n <= 4 * csr.nnz + (1 << 20):   # the count's array is no larger
+        if dia_device.fits(csr.shape, csr.nnz):   # a count over every diagonal is small
             return (*_diagonals_by_count(offset, m, n), rows)
         offsets, diag = np.unique(offset, return_inverse=True)
         return offsets, diag.ravel(), rows

@@ -34,8 +34,9 @@ SCATTER = KernelSpec("dia_scatter", (
 
 
 def fits(shape, nnz) -> bool:
-    """Whether the per-diagonal flags (``m + n - 1`` bytes) are no larger than what the
-    host conversion's count allocates anyway (formats/dia.py's dia_diagonals)."""
+    """Whether an array over every possible diagonal (``m + n - 1`` of them) is small
+    beside the matrix: the device's flags and the host's count (formats/dia.py's
+    dia_diagonals) are made only then; the host sorts the offsets otherwise."""
     return nnz > 0 and shape[0] + shape[1] <= 4 * nnz + (1 << 20)
 
 
