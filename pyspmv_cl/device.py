@@ -345,11 +345,18 @@ class Device:
         if queue is self.queue:
             return self
         if self._profiling_device is None:
-            self._profiling_device = Device(
-                self.cl_device, self.platform_index, self.device_index,
-                context=self.context, queue=queue, profile=self.profile,
-                callers_queue=False)
+            self._profiling_device = self.on_queue(queue)
         return self._profiling_device
+
+    def on_queue(self, queue):
+        """This device with ``queue`` (of its context) as its queue: formats made on it
+        upload and convert there (the online measurement's candidates, on a queue of
+        their own, so that the caller's products do not wait behind them)."""
+        view = Device(self.cl_device, self.platform_index, self.device_index,
+                      context=self.context, queue=queue, profile=self.profile,
+                      callers_queue=False)
+        view._evict_first = self.evict_first_loads   # probed once, as for this device
+        return view
 
     @property
     def profile(self):

@@ -484,6 +484,15 @@ class SpMV:
         row-major blocks (the format's block kernels)."""
         if self._online is not None:
             self._poll_online()
+        online = self._online
+        if online is None:
+            return self._enqueue(x_buf, y_buf, alpha, beta, wait_for, block)
+        with online.product_slot():   # not during a timing burst of the measurement
+            event = self._enqueue(x_buf, y_buf, alpha, beta, wait_for, block)
+            online.note_call(self._impl, self._values_version, self.queue, event)
+        return event
+
+    def _enqueue(self, x_buf, y_buf, alpha, beta, wait_for, block):
         if block is None:
             event = self._impl.enqueue(self.queue, x_buf, y_buf, alpha, beta,
                                        wait_for=self._after_previous(wait_for))
@@ -493,8 +502,6 @@ class SpMV:
                                              wait_for=self._after_previous(wait_for))
         if not self._queue_in_order:
             self._previous = event
-        if self._online is not None:
-            self._online.note_call(self._impl, self._values_version)
         return event
 
     # -- online tuning ----------------------------------------------------------------------
@@ -508,6 +515,9 @@ class SpMV:
         taken = tuning.take()
         if taken is not None:
             fmt, impl = taken
+            # Built on the measurement's own queue (done there); from now on this
+            # operator's: its later uploads (update_values' maps) go on the operator's.
+            impl.device = self.device
             if tuning.values_version != self._values_version:
                 # Values updated after the snapshot the candidates were built from.
                 ValueUpdater(impl, self._structure).update(self.queue, self._latest_values)

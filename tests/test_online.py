@@ -201,16 +201,18 @@ def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rn
     A = matrix()
     features = psc.tuning.MatrixFeatures.from_csr(A)
 
+    own = device.on_queue(cl.CommandQueue(device.context))   # as the measurement's
+
     def built(name):
         cls = FORMATS[name]
-        return instantiate(cls, A, device, DTYPE,
+        return instantiate(cls, A, own, DTYPE,
                            cls.resolve_params(features, device.profile, DTYPE, {}))
 
     offered, release = threading.Event(), threading.Event()
 
     intervals = []
 
-    def fake_measurement(snapshot, should_stop, offer):
+    def fake_measurement(snapshot, should_stop, offer, exclusive):
         intervals.append(sys.getswitchinterval())
         assert offer("sell", {}, built("sell"))
         offered.set()
@@ -227,6 +229,7 @@ def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rn
     assert offered.wait(60) and tuning.state == "running"
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
     assert op.format == "sell" and "switched to sell" in op.explanation
+    assert op._impl.device is op.device   # the operator's from now on
     release.set()
     assert op.finish_tuning(60) == "done"
     assert op.format == "ell" and op.explanation == "fake final"
@@ -501,3 +504,186 @@ def test_gpu_online_times_bccoo_only_where_it_converts_on_the_device(rng):
     left = [name for name, why in entries[False]["skipped"]
             if why == tuner.HOST_CONVERSION_LEFT_OUT]
     assert any("block_height" in name and name.startswith("bccoo ") for name in left), left
+
+
+# -- timing bursts: the caller's products kept off the device while a candidate is timed --
+
+class _Event:
+    """A stand-in for a caller's product event: running for ``polls`` status reads
+    (None: never ends)."""
+
+    def __init__(self, polls):
+        self.polls, self.reads = polls, 0
+
+    @property
+    def command_execution_status(self):
+        self.reads += 1
+        return 1 if self.polls is None or self.reads <= self.polls else 0
+
+
+class _Queue:
+    def __init__(self):
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def _tuning():
+    return online.OnlineTuning(lambda *args: None, budget=1.0, trigger=10**9,
+                               start=("csr-vector", {}))
+
+
+def test_a_timing_burst_starts_after_the_callers_last_product():
+    """``exclusive`` flushes the caller's queue (an unflushed product may never start)
+    and waits for the last product to end before the burst runs."""
+    tuning = _tuning()
+    queue, event = _Queue(), _Event(polls=3)
+    tuning.note_call(None, 0, queue, event)
+    with tuning.exclusive():
+        assert event.reads == 4 and queue.flushes == 1   # 3 reads running, then done
+        assert tuning._bursting
+    assert not tuning._bursting
+
+
+def test_a_timing_burst_waits_a_bounded_time_for_a_product_that_does_not_end(monkeypatch):
+    """A product waiting on an event the caller sets later must not hang the measurement
+    (nor the caller, whose next product waits for the burst): the burst times anyway
+    after ``EXCLUSIVE_WAIT``."""
+    import time
+
+    monkeypatch.setattr(online, "EXCLUSIVE_WAIT", 0.05)
+    tuning = _tuning()
+    tuning.note_call(None, 0, _Queue(), _Event(polls=None))
+    t0 = time.perf_counter()
+    with tuning.exclusive():
+        waited = time.perf_counter() - t0
+    assert 0.05 <= waited < 5
+
+
+def test_the_callers_products_wait_out_a_timing_burst():
+    """While a burst runs, a product of the caller waits at ``product_slot``; it goes on
+    when the burst ends.  Outside a running measurement nothing waits."""
+    tuning = _tuning()
+    with tuning.exclusive():   # not running: the caller is not held
+        with tuning.product_slot():
+            pass
+    tuning.state = "running"
+    entered = threading.Event()
+
+    def caller():
+        with tuning.product_slot():
+            entered.set()
+
+    with tuning.exclusive():
+        thread = threading.Thread(target=caller)
+        thread.start()
+        assert not entered.wait(0.2)   # held for the whole burst
+    assert entered.wait(10)
+    thread.join(10)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_no_product_of_the_caller_is_enqueued_during_a_timing_burst(device, rng):
+    """A real operator with a measurement that holds three bursts: the caller's products
+    (host vectors, one after another) go on between them, none inside one, and stay
+    right."""
+    import time
+
+    from pyspmv_cl.tuning import tuner
+
+    A = matrix()
+    bursts, done = [], threading.Event()
+
+    def fake_measurement(snapshot, should_stop, offer, exclusive):
+        for _ in range(3):
+            with exclusive():
+                t0 = time.perf_counter()
+                time.sleep(0.05)
+                bursts.append((t0, time.perf_counter()))
+            time.sleep(0.02)
+        done.set()
+        return tuner.Decision("csr-vector", {}, "fake final", "online")
+
+    op = psc.SpMV(A, device=device)
+    tuning = op.tuning.online
+    tuning._run_measurement = fake_measurement
+    start_now(op)
+    enqueued = []
+    plain = op._enqueue
+
+    def recorded(*args):
+        enqueued.append(time.perf_counter())
+        return plain(*args)
+
+    op._enqueue = recorded
+    x = rng.standard_normal(A.shape[1])
+    y_ref = reference(A, x)
+    deadline = time.perf_counter() + 60
+    while not done.is_set() and time.perf_counter() < deadline:
+        assert_close(op @ x, y_ref, A, x, DTYPE)
+    assert done.is_set() and op.finish_tuning(60) == "done"
+    assert len(bursts) == 3 and len(enqueued) > 3
+    inside = [t for t in enqueued for a, b in bursts if a <= t <= b]
+    assert not inside
+    assert any(b1 < t < a2 for t in enqueued for (_, b1), (a2, _) in zip(bursts, bursts[1:]))
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_candidates_convert_on_the_measurements_queue(device, rng, monkeypatch):
+    """The candidates are uploaded and converted on the measurement's own queue (the
+    caller's products must not wait behind them in the caller's queue); the winner the
+    operator takes is then its own, on its device."""
+    from pyspmv_cl.tuning import tuner
+
+    queues = []
+    plain = tuner.instantiate
+
+    def recorded(cls, csr, on, dtype, params, *rest):
+        queues.append(on.queue)
+        return plain(cls, csr, on, dtype, params, *rest)
+
+    monkeypatch.setattr(tuner, "instantiate", recorded)
+    A = matrix()
+    op = psc.SpMV(A, device=device, format="auto")
+    start_now(op)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert op.finish_tuning(120) == "done"
+    assert queues and all(q is not op.queue and q.context == op.queue.context
+                          for q in queues)
+    assert op._impl.device is op.device
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_candidates_share_one_upload_of_the_matrix(device, rng, monkeypatch):
+    """On a GPU the candidates that convert on the device share one upload of the host
+    matrix (each upload held up the caller's products on NVIDIA); each counts its time
+    in its conversion, and the winner keeps its own arrays: its products stay right
+    once the measurement (and the shared upload) is gone."""
+    from pyspmv_cl.device_inputs import DeviceCSR
+    from pyspmv_cl.tuning import tuner
+
+    gpu = device.override(device_type="gpu")
+    uploads = []
+    plain = DeviceCSR.upload.__func__
+
+    def counted(cls, *args, **kwargs):
+        uploads.append(kwargs.get("owned", False))
+        return plain(cls, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceCSR, "upload", classmethod(counted))
+    A = matrix()
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    registry = {name: FORMATS[name] for name in ("csr-vector", "sell", "ell")}
+    entry, impl, chosen = tuner.measure(A, features, gpu, DTYPE, budget=30,
+                                        registry=registry, alternatives=False)
+    assert sorted(c["format"] for c in entry["candidates"]) == sorted(registry)
+    assert uploads == [False]   # one upload, not handed to any candidate to keep
+    assert all(c["conversion_seconds"] > 0 for c in entry["candidates"])
+    x = rng.standard_normal(A.shape[1]).astype(DTYPE)
+    x_dev = cla.to_device(gpu.queue, x)
+    y_dev = cla.to_device(gpu.queue, np.full(A.shape[0], np.nan, DTYPE))
+    impl.enqueue(gpu.queue, x_dev.data, y_dev.data, 1.0, 0.0).wait()
+    assert_close(y_dev.get(), reference(A, x), A, x, DTYPE)

@@ -30,6 +30,7 @@ format's in the last bits (another summation order), never in anything else.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import threading
 import time
@@ -62,19 +63,27 @@ CPU_SELL_START_MAX_NNZ = 1_000_000
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
 #: GPUs: the ski-rental rule of ``trigger_calls``.  Measuring is "buying": one
-#: background measurement cost the caller's products 0.22-0.57 s at 20M non-zeros on an
-#: H200 (astro-ph, cage10, Groebner_id2003_aug, wing: host work holding the GIL, the
-#: candidates' conversions and timing runs on the device), about
-#: ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not measuring is "renting": each product pays
-#: what a switch would have saved, ``GPU_SWITCH_GAIN`` of its kernel time (optimistic:
-#: on an H100 the measured pick was 5-16% faster than csr-vector where it differed,
-#: cage10 and rajat01, and csr-vector itself on astro-ph and Groebner), the kernel
-#: time guessed from its bytes at ``GPU_BYTES_PER_SECOND``.  The measurement starts once
-#: the rent paid equals its cost: at most twice what the better choice costs.
-GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.02
-GPU_SWITCH_GAIN = 0.25
+#: background measurement cost the caller's products 0.02-0.31 s at 20M non-zeros on an
+#: H100 (astro-ph, cage10, Groebner_id2003_aug, wing; mean 0.18 s: the snapshot's read
+#: back, one upload of it for the candidates, host work holding the GIL, the timing
+#: bursts the caller waits out), about ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not
+#: measuring is "renting": each product pays what a switch would have saved,
+#: ``GPU_SWITCH_GAIN`` of its kernel time (the same H100 runs: the measured pick's
+#: products were 6-21% faster than csr-vector's where it differed, cage10 and wing, and
+#: csr-vector itself on astro-ph and Groebner), the kernel time guessed from its bytes
+#: at ``GPU_BYTES_PER_SECOND``.  The measurement starts once the rent paid equals its
+#: cost: at most twice what the better choice costs.  (Before the timing bursts and
+#: the shared upload, 0.02 s and a guessed quarter, on an H200: the same ratio.)
+GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.01
+GPU_SWITCH_GAIN = 0.13
 GPU_BYTES_PER_SECOND = 2e12
 
+
+#: Longest wait (seconds) of a timing burst for the caller's last product to finish before
+#: it times anyway (that product may wait on an event the caller sets later).
+EXCLUSIVE_WAIT = 0.1
+#: Polling step (seconds) of that wait: a status read does not block the driver.
+EXCLUSIVE_POLL = 5e-5
 
 #: The interpreter's switch interval while a background measurement runs (seconds).
 #: The caller's thread gives up the GIL at every queue wait; with the default 5 ms it may
@@ -181,8 +190,8 @@ class OnlineTuning:
     switched (None if it kept its start format)."""
 
     def __init__(self, run_measurement, *, budget, trigger, start, inline=False):
-        # run_measurement(csr, should_stop, offer) -> Decision (impl=the winner, built,
-        # None when it was handed over by offer), or raises
+        # run_measurement(csr, should_stop, offer, exclusive) -> Decision (impl=the
+        # winner, built, None when it was handed over by offer), or raises
         self._run_measurement = run_measurement
         self.budget, self.trigger = float(budget), int(trigger)
         self.start = start            # (format, params) the operator starts on
@@ -200,11 +209,30 @@ class OnlineTuning:
         self._thread = None
         self._stop = False
         self._lock = threading.Lock()
+        # Timing bursts (``exclusive``) against the caller's products (``product_slot``).
+        self._gate = threading.Condition()
+        self._bursting = False
+        self._last = None   # (queue, event) of the caller's latest product
 
     # -- called by the operator, in the caller's thread ------------------------------------
-    def note_call(self, impl, values_version) -> None:
-        """Count one product; start the measurement when the trigger is reached."""
+    @contextlib.contextmanager
+    def product_slot(self):
+        """Around the enqueue of one of the caller's products and its ``note_call``:
+        while a measurement runs in a thread, wait out a timing burst (``exclusive``)."""
+        if self.state != "running" or self.inline:
+            yield
+            return
+        with self._gate:
+            while self._bursting:
+                self._gate.wait()
+            yield
+
+    def note_call(self, impl, values_version, queue=None, event=None) -> None:
+        """Count one product (``event``: its last, on ``queue``); start the measurement
+        when the trigger is reached."""
         self.calls += 1
+        if event is not None:
+            self._last = (queue, event)
         if self.state == "waiting" and self.calls >= self.trigger:
             # The read-back happens in the thread, on a queue of its own: a read into
             # pageable memory returns only when done on NVIDIA (10-20 ms at 20M
@@ -265,6 +293,29 @@ class OnlineTuning:
         self._stop = True
 
     # -- the background thread -----------------------------------------------------------
+    @contextlib.contextmanager
+    def exclusive(self):
+        """A timing burst of the measurement: the caller's next products wait until it
+        ends, and it starts once the caller's last product is done (``EXCLUSIVE_WAIT`` at
+        most).  Candidates timed beside the caller's products share the device's
+        bandwidth with them, which hides their differences (H100, cage10 at 20M
+        non-zeros, float32: sell 83.5 against csr-vector's 83.7 us timed so, 55 against
+        73 alone).  The caller loses about what the shared timing cost it."""
+        if self.inline:   # the caller is inside the measurement: nothing to keep out
+            yield
+            return
+        with self._gate:
+            self._bursting = True
+            last = self._last
+        try:
+            if last is not None:
+                _await(*last, EXCLUSIVE_WAIT)
+            yield
+        finally:
+            with self._gate:
+                self._bursting = False
+                self._gate.notify_all()
+
     def _run(self, holder):
         with _switch_interval:
             self._measure(holder)
@@ -281,7 +332,8 @@ class OnlineTuning:
             indptr, indices, data = arrays
             csr = sp.csr_matrix(shape, dtype=data.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
-            decision = self._run_measurement(csr, lambda: self._stop, self._offer)
+            decision = self._run_measurement(csr, lambda: self._stop, self._offer,
+                                             self.exclusive)
             with self._lock:
                 chosen = (decision.format, dict(decision.params))
                 if self._interim is not None:   # handed over, not taken: final or dropped
@@ -298,6 +350,19 @@ class OnlineTuning:
         finally:
             self.finished = time.time()
             _running.discard(self)
+
+
+def _await(queue, event, timeout) -> None:
+    """Wait for ``event`` (of ``queue``, flushed first: an unflushed command may never
+    start) to end, at most ``timeout`` seconds."""
+    try:
+        if queue is not None:
+            queue.flush()
+        deadline = time.perf_counter() + timeout
+        while event.command_execution_status > 0 and time.perf_counter() < deadline:
+            time.sleep(EXCLUSIVE_POLL)
+    except cl.Error:   # a failed command ends the wait; the caller hears of it
+        pass
 
 
 _running: set = set()

@@ -32,6 +32,7 @@ re-measures now and overwrites; ``False``/``"model"`` uses the rules only.
 budget in seconds per million non-zeros.
 """
 
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -222,8 +223,11 @@ class _Bench:
     checks candidates against the format the operator already runs, which saves a
     float64 pass over the matrix on the host (0.2-0.3 s at 20M non-zeros)."""
 
-    def __init__(self, csr, device, dtype, queue=None, block_size=1):
+    def __init__(self, csr, device, dtype, queue=None, block_size=1, exclusive=None):
         self.queue = queue or device.profiling_queue
+        # Around each candidate's timed launches: online, keeps the caller's products
+        # off the device meanwhile (``OnlineTuning.exclusive``).
+        self.exclusive = exclusive or contextlib.nullcontext
         self.device = device
         self.block_size = k = int(block_size)
         self.dtype = np.dtype(dtype)
@@ -304,15 +308,16 @@ class _Bench:
 
     def time(self, impl, best=None, min_samples=5, max_samples=30, min_time=0.02, warmup=2):
         """Device seconds of a few products (a list); stops early when hopeless."""
-        for _ in range(warmup):   # the first launch pays for lazy setup
-            self.launch_seconds(impl)
         samples = []
-        start = time.perf_counter()
-        while len(samples) < min_samples or (time.perf_counter() - start < min_time
-                                             and len(samples) < max_samples):
-            samples.append(self.launch_seconds(impl))
-            if best is not None and len(samples) >= 2 and min(samples) > 3 * best:
-                break   # hopeless: no need for a precise median
+        with self.exclusive():
+            for _ in range(warmup):   # the first launch pays for lazy setup
+                self.launch_seconds(impl)
+            start = time.perf_counter()
+            while len(samples) < min_samples or (time.perf_counter() - start < min_time
+                                                 and len(samples) < max_samples):
+                samples.append(self.launch_seconds(impl))
+                if best is not None and len(samples) >= 2 and min(samples) > 3 * best:
+                    break   # hopeless: no need for a precise median
         return samples
 
 
@@ -334,7 +339,7 @@ def _score(c, expected_calls):
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             expected_calls=None, registry=None, progress=None, should_stop=None,
             queue=None, max_formats=None, alternatives=True, include=(), offer=None,
-            block_size=1, host_conversions=True):
+            block_size=1, host_conversions=True, exclusive=None):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step;
@@ -359,7 +364,10 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     ``"block kernels"`` or ``"column by column"``).
 
     ``host_conversions=False`` leaves out the formats that convert on the host, but the
-    rules' choice (online tuning on GPUs: ``online.host_conversions``)."""
+    rules' choice (online tuning on GPUs: ``online.host_conversions``).
+
+    ``exclusive()`` (online tuning: ``OnlineTuning.exclusive``) is entered around each
+    candidate's timed launches."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -412,7 +420,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         first.sort(key=lambda c: not registry[c[0]].converts_on_device)
     first = include + [c for c in first if c not in include]
     step("ranked")
-    bench = _Bench(csr, device, dtype, queue, block_size)
+    bench = _Bench(csr, device, dtype, queue, block_size, exclusive)
     start = time.perf_counter()
     results = []
     finalists = []   # [(score, rec, impl, samples)], the best few so far
@@ -420,6 +428,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     csr_bytes = csr.nnz * (np.dtype(dtype).itemsize + 8) + csr.shape[0] * 8
     keep = FINALISTS if 4 * (FINALISTS + 1) * csr_bytes < profile.global_mem_size else 1
     costs = []
+    uploads = {}   # one upload of the matrix for the candidates that convert on the device
 
     def run(name, params, alternative):
         cls = registry[name]
@@ -430,7 +439,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         t0 = time.perf_counter()
         try:
             resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
-            impl = instantiate(cls, csr, device, dtype, resolved)
+            impl = instantiate(cls, csr, device, dtype, resolved, uploads)
             conversion = impl.conversion_seconds
             if offer is not None and include and not results and (name, params) == include[0]:
                 bench.use_reference(impl)   # online: the operator's own format
@@ -497,6 +506,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         if progress:
             progress(total, total + len(second), f"{name} {params}")
         run(name, params, alt)
+    uploads.clear()   # every candidate is built
     # The finalists again, in alternation, for as many rounds as the budget allows: a
     # short burst of samples can catch a kernel at its best (PoCL on a 2-core machine:
     # dia's first samples at 5.0 ms, its steady state 7.5 ms, against csr-scalar's 4.6),
@@ -752,11 +762,13 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
     conversion = float(chosen.get("conversion_seconds") or 0.0)
     trigger = online.trigger_calls(features, profile, dtype, conversion, measuring=False)
 
-    def convert_winner(snapshot, should_stop, offer):
+    def convert_winner(snapshot, should_stop, offer, exclusive):
         cls = FORMATS[stored.format]
         resolved = cls.resolve_params(features, profile, dtype,
                                       {**(user_params or {}), **stored.params})
-        stored.impl = instantiate(cls, snapshot, device, dtype, resolved)
+        queue = cl.CommandQueue(device.context, device.cl_device)   # as run_measurement's
+        stored.impl = instantiate(cls, snapshot, device.on_queue(queue), dtype, resolved)
+        queue.finish()
         return stored
 
     tuning = online.OnlineTuning(convert_winner, budget=conversion, trigger=trigger,
@@ -779,18 +791,22 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
     start = (start_format, start_params)   # timed too: a switch must be a gain
     trigger = online.trigger_calls(features, profile, dtype, budget)
 
-    def run_measurement(snapshot, should_stop, offer):
+    def run_measurement(snapshot, should_stop, offer, exclusive):
         # A queue of its own: the caller's products go on while candidates are timed.
+        # The candidates upload and convert on it too (``device.on_queue``): on the
+        # caller's queue each upload and conversion held up the caller's next product.
         queue = cl.CommandQueue(device.context, device.cl_device,
                                 properties=cl.command_queue_properties.PROFILING_ENABLE)
-        entry, impl, chosen = measure(snapshot, features, device, dtype, user_params,
+        entry, impl, chosen = measure(snapshot, features, device.on_queue(queue), dtype,
+                                      user_params,
                                       budget=budget,
                                       host_conversions=online.host_conversions(profile),
                                       should_stop=should_stop, queue=queue,
                                       max_formats=online.ONLINE_MAX_FORMATS,
                                       alternatives=online.online_alternatives(block_size),
                                       include=[start],
-                                      offer=offer, block_size=block_size)
+                                      offer=offer, block_size=block_size,
+                                      exclusive=exclusive)
         queue.finish()
         if chosen is None:
             raise RuntimeError(f"no candidate could be measured: {_skipped_text(entry)}")
