@@ -63,8 +63,8 @@ CPU_SELL_START_MAX_NNZ = 1_000_000
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
 #: GPUs: the ski-rental rule of ``trigger_calls``.  Measuring is "buying": one
-#: background measurement cost the caller's products 0.02-0.31 s at 20M non-zeros on an
-#: H100 (astro-ph, cage10, Groebner_id2003_aug, wing; mean 0.18 s: the snapshot's read
+#: background measurement cost the caller's products 0.02-0.34 s at 20M non-zeros on an
+#: H100 (astro-ph, cage10, Groebner_id2003_aug, wing; mean 0.18-0.21 s: the snapshot's read
 #: back, one upload of it for the candidates, host work holding the GIL, the timing
 #: bursts the caller waits out), about ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not
 #: measuring is "renting": each product pays what a switch would have saved,
@@ -299,8 +299,9 @@ class OnlineTuning:
         ends, and it starts once the caller's last product is done (``EXCLUSIVE_WAIT`` at
         most).  Candidates timed beside the caller's products share the device's
         bandwidth with them, which hides their differences (H100, cage10 at 20M
-        non-zeros, float32: sell 83.5 against csr-vector's 83.7 us timed so, 55 against
-        73 alone).  The caller loses about what the shared timing cost it."""
+        non-zeros, float32: sell 82-96 against csr-vector's 85-97 us timed so, 54-56
+        against 66-68 in bursts).  The caller loses about what the shared timing cost
+        it."""
         if self.inline:   # the caller is inside the measurement: nothing to keep out
             yield
             return
