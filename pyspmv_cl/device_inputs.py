@@ -48,10 +48,12 @@ class DeviceCSR:
         return arr.astype(np.dtype(dtype), queue=queue)   # astype always copies
 
     @classmethod
-    def upload(cls, csr, queue, index_dtype, dtype, owned=False) -> DeviceCSR:
+    def upload(cls, csr, queue, index_dtype, dtype, owned=False, staging=None) -> DeviceCSR:
         """A validated host CSR uploaded in the given types (to convert on the device;
-        ``owned``: handed to one operator only, which may keep the arrays)."""
-        arrays = [cla.to_device(queue, np.ascontiguousarray(a, dtype=t)) for a, t in
+        ``owned``: handed to one operator only, which may keep the arrays), through
+        ``staging`` (``pinned_staging.PinnedStaging`` on ``queue``) when given."""
+        arrays = [cla.to_device(queue, np.ascontiguousarray(a, dtype=t)) if staging is None
+                  else staging.to_device(np.ascontiguousarray(a, dtype=t)) for a, t in
                   ((csr.data, dtype), (csr.indices, index_dtype), (csr.indptr, index_dtype))]
         return cls(*arrays, np.asarray(csr.indptr, dtype=np.int64), tuple(csr.shape), owned)
 

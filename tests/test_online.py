@@ -687,3 +687,35 @@ def test_candidates_share_one_upload_of_the_matrix(device, rng, monkeypatch):
     y_dev = cla.to_device(gpu.queue, np.full(A.shape[0], np.nan, DTYPE))
     impl.enqueue(gpu.queue, x_dev.data, y_dev.data, 1.0, 0.0).wait()
     assert_close(y_dev.get(), reference(A, x), A, x, DTYPE)
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_snapshot_and_upload_go_through_pinned_staging_on_a_gpu(device, rng, monkeypatch):
+    """Where the device has memory of its own (a GPU), the snapshot is read back and
+    the candidates' one upload made through a small pinned buffer (a copy into or out
+    of pageable memory held up the caller's products); the decision and the products
+    stay right."""
+    from pyspmv_cl.device import Device
+    from pyspmv_cl.pinned_staging import PinnedStaging
+
+    used = {"read": 0, "write": 0}
+    for name in used:
+        plain = getattr(PinnedStaging, name)
+
+        def counted(self, *args, _plain=plain, _name=name):
+            used[_name] += 1
+            return _plain(self, *args)
+
+        monkeypatch.setattr(PinnedStaging, name, counted)
+    monkeypatch.setattr(Device, "shares_host_memory", property(lambda self: False))
+    A = matrix()
+    gpu = device.override(device_type="gpu")   # starts on csr-vector: read as it is
+    op = psc.SpMV(A, device=gpu, format="auto")
+    assert op.tuning.online.start[0] == "csr-vector"
+    start_now(op)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert op.finish_tuning(120) == "done" and op.tuning.online.error is None
+    assert used["read"] == 3     # indptr, indices, data
+    assert used["write"] == 3    # the same, once for every candidate
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)

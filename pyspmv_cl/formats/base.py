@@ -680,12 +680,14 @@ class SpMVFormat:
             cl.enqueue_copy(queue, host, self.buffers[name], is_blocking=True)
         return host
 
-    def read_csr(self, queue, wait_for=None):
+    def read_csr(self, queue, wait_for=None, staging=None):
         """``([indptr, indices, data], events)``: the matrix as CSR host arrays read
         from this operator's device arrays (what it computes with, value updates
         included; the caller's later changes to its scipy matrix cannot leak in), the
         arrays filled once ``events`` complete (none: already).  Online tuning's
-        snapshot; the formats it starts on have it (the CSR formats, sell)."""
+        snapshot; the formats it starts on have it (the CSR formats, sell).  Arrays
+        read as they are may go through ``staging`` (a ``PinnedStaging`` on ``queue``:
+        online tuning on GPUs)."""
         raise NotImplementedError(f"{self.name}: no read-back as CSR")
 
     def bound_launches(self, x_buf, y_buf, alpha, beta) -> list[Launch]:
@@ -789,17 +791,40 @@ def converts_on_the_device(cls, csr, device) -> bool:
     return cls.converts_on_device and cls.host_input_on_device and device.profile.is_gpu
 
 
+class SharedUploads:
+    """One upload of a host CSR per value and index type, shared by the formats built
+    from it with :func:`instantiate` (the tuner's candidates): each copies on the device
+    what it keeps, and counts the upload's time in its ``conversion_seconds`` as a build
+    of its own would.  On NVIDIA's driver an upload from pageable memory held up the
+    products of other threads for its whole length (an H100: 30-40 ms at 20M non-zeros
+    per candidate of an online measurement); ``staging`` (a
+    ``pinned_staging.PinnedStaging`` on the device's queue) uploads through pinned
+    memory instead."""
+
+    def __init__(self, staging=None):
+        self.staging = staging
+        self._done = {}
+
+    def get(self, csr, queue, index, dtype):
+        """``(DeviceCSR, seconds its upload took)``, uploaded on first use."""
+        key = (np.dtype(dtype), np.dtype(index))
+        if key not in self._done:
+            start = time.perf_counter()
+            up = DeviceCSR.upload(csr, queue, index, dtype, staging=self.staging)
+            self._done[key] = (up, time.perf_counter() - start)
+        return self._done[key]
+
+    def clear(self) -> None:
+        """Drop the uploads (every format is built)."""
+        self._done.clear()
+
+
 def instantiate(cls, csr, device, dtype, params: dict, uploads=None) -> SpMVFormat:
     """``cls(csr, device, dtype, params)`` with the matrix where its conversion runs: a
     device matrix is read back for a format that converts on the host, and a host matrix
-    goes up as CSR for a format that converts faster on a GPU.
-
-    ``uploads``, a dict the caller keeps across calls for one host ``csr`` and
-    ``device`` (the tuner's candidates), shares one upload among them: each copies on
-    the device what it keeps, and counts the upload's time in its
-    ``conversion_seconds`` as a build of its own would.  On NVIDIA's driver an upload
-    from pageable memory held up the products of other threads for its whole length
-    (an H100: 30-40 ms at 20M non-zeros per candidate of an online measurement)."""
+    goes up as CSR for a format that converts faster on a GPU (once for all the calls
+    given the same ``uploads``, a :class:`SharedUploads` for this ``csr`` and
+    ``device``)."""
     start = time.perf_counter()
     moved = 0.0
     if isinstance(csr, DeviceCSR):
@@ -811,11 +836,7 @@ def instantiate(cls, csr, device, dtype, params: dict, uploads=None) -> SpMVForm
         if uploads is None:
             csr = DeviceCSR.upload(csr, device.queue, index, dtype, owned=True)
         else:
-            key = (np.dtype(dtype), np.dtype(index))
-            if key not in uploads:
-                uploads[key] = (DeviceCSR.upload(csr, device.queue, index, dtype),
-                                time.perf_counter() - start)
-            csr, moved = uploads[key]
+            csr, moved = uploads.get(csr, device.queue, index, dtype)
             start = time.perf_counter()
     moved += time.perf_counter() - start
     impl = cls(csr, device, dtype, params)

@@ -67,15 +67,20 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
             "values": self.stored_values(csr.data),
         }
 
-    def read_csr(self, queue, wait_for=None):
-        """The CSR arrays themselves, read without blocking."""
+    def read_csr(self, queue, wait_for=None, staging=None):
+        """The CSR arrays themselves, read without blocking (through ``staging``, a
+        blocking read in pieces, when given)."""
         nnz = self.value_array_sizes["values"]
         arrays, events = [], []
+        if staging is not None and wait_for:
+            cl.wait_for_events(wait_for)
         for name, dtype, size in (("row_ptr", self.index_dtype, self.shape[0] + 1),
                                   ("col_idx", self.index_dtype, nnz),
                                   ("values", self.dtype, nnz)):
             host = np.empty(size, dtype)
-            if size:
+            if size and staging is not None:
+                staging.read(self.buffers[name], host)
+            elif size:
                 events.append(cl.enqueue_copy(queue, host, self.buffers[name],
                                               wait_for=wait_for, is_blocking=False))
             arrays.append(host)

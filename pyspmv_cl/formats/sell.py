@@ -468,8 +468,9 @@ class SELL(LanesBlocks, SpMVFormat):
             "smallest one, and a slice of this matrix spans more: use col_bits=32 (the "
             "default), or a smaller slice_height or sigma")
 
-    def read_csr(self, queue, wait_for=None):
-        """Blocking reads of the slices, each slot's row from its slice and lane (slot =
+    def read_csr(self, queue, wait_for=None, staging=None):
+        """Blocking reads of the slices (``staging`` unused: sell starts on CPUs only),
+        each slot's row from its slice and lane (slot =
         slice start + k*C + lane, position slice*C + lane, row perm[position] where
         sorted), padding dropped, a stable sort by row keeping each row's entries in
         order (``_row_base``'s map, inverted)."""

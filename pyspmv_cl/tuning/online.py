@@ -41,6 +41,7 @@ import scipy.sparse as sp
 
 from ..features import product_bytes
 from ..formats import FORMATS
+from ..pinned_staging import PinnedStaging
 from .heuristics import block_sets_first
 
 #: Budget of a background measurement: seconds per million non-zeros, and at least.
@@ -325,7 +326,10 @@ class OnlineTuning:
         try:
             impl = holder.pop()   # the only reference here: dropped after the read-back
             queue = cl.CommandQueue(impl.device.context, impl.device.cl_device)
-            arrays, events = impl.read_csr(queue)
+            # Through pinned memory where the device has memory of its own: a read into
+            # pageable memory held up the caller's products for its whole length.
+            staging = None if impl.device.shares_host_memory else PinnedStaging(queue)
+            arrays, events = impl.read_csr(queue, staging=staging)
             shape = impl.shape
             del impl   # the operator may switch away and free it
             if events:

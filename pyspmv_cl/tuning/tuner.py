@@ -53,9 +53,10 @@ from ..features import (
     structure_digest,
 )
 from ..formats import FORMATS
-from ..formats.base import conversion_is_cheap, instantiate, plan_blocks
+from ..formats.base import SharedUploads, conversion_is_cheap, instantiate, plan_blocks
 from ..formats.columns import ColumnPath, StagingBlocks, columns_product
 from ..launching import launches_seconds
+from ..pinned_staging import PinnedStaging
 from . import database, online
 from .heuristics import block_params, block_sets_first, choose_format
 
@@ -339,7 +340,7 @@ def _score(c, expected_calls):
 def measure(csr, features, device, dtype, user_params=None, *, budget=None,
             expected_calls=None, registry=None, progress=None, should_stop=None,
             queue=None, max_formats=None, alternatives=True, include=(), offer=None,
-            block_size=1, host_conversions=True, exclusive=None):
+            block_size=1, host_conversions=True, exclusive=None, staging=None):
     """Time the ranked candidates within ``budget`` seconds; returns (entry, the
     winner's built implementation, the winner's record), the last two None when nothing
     could be measured.  ``progress(done, total, text)`` is told of each step;
@@ -367,7 +368,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     rules' choice (online tuning on GPUs: ``online.host_conversions``).
 
     ``exclusive()`` (online tuning: ``OnlineTuning.exclusive``) is entered around each
-    candidate's timed launches."""
+    candidate's timed launches; ``staging`` (online tuning on GPUs: a
+    ``PinnedStaging`` on ``device``'s queue) carries the candidates' one upload."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -428,7 +430,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
     csr_bytes = csr.nnz * (np.dtype(dtype).itemsize + 8) + csr.shape[0] * 8
     keep = FINALISTS if 4 * (FINALISTS + 1) * csr_bytes < profile.global_mem_size else 1
     costs = []
-    uploads = {}   # one upload of the matrix for the candidates that convert on the device
+    # One upload of the matrix for the candidates that convert on the device.
+    uploads = SharedUploads(staging)
 
     def run(name, params, alternative):
         cls = registry[name]
@@ -797,8 +800,9 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
         # caller's queue each upload and conversion held up the caller's next product.
         queue = cl.CommandQueue(device.context, device.cl_device,
                                 properties=cl.command_queue_properties.PROFILING_ENABLE)
+        staging = None if device.shares_host_memory else PinnedStaging(queue)
         entry, impl, chosen = measure(snapshot, features, device.on_queue(queue), dtype,
-                                      user_params,
+                                      user_params, staging=staging,
                                       budget=budget,
                                       host_conversions=online.host_conversions(profile),
                                       should_stop=should_stop, queue=queue,
