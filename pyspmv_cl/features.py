@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .host_arrays import entry_rows
+from .host_arrays import entry_offsets
 
 # Diagonals are counted only for matrices that could suit DIA (short, even rows):
 # one counting pass over the non-zeros (a sort when m + n dwarfs nnz), skipped for the rest.
@@ -70,12 +70,15 @@ class MatrixFeatures:
         n_rows, n_cols = csr.shape
         if csr.nnz and self.max_row_length <= _DIAGONAL_SCAN_MAX_ROW \
                 and self.std_row_length <= 0.5 * self.mean_row_length:
-            rows = entry_rows(csr.indptr)
-            offsets = csr.indices.astype(np.int64) - rows + (n_rows - 1)
-            if n_rows + n_cols <= 4 * csr.nnz:     # a counting pass is cheapest
-                diagonals = int(np.count_nonzero(np.bincount(offsets, minlength=1)))
+            pieces = entry_offsets(csr.indptr, csr.indices)
+            if n_rows + n_cols <= 4 * csr.nnz:     # a flag per possible diagonal
+                seen = np.zeros(n_rows + n_cols, dtype=bool)
+                for offsets in pieces:
+                    seen[offsets + (n_rows - 1)] = True
+                diagonals = int(np.count_nonzero(seen))
             else:                                    # host memory in nnz, not m + n
-                diagonals = int(np.unique(offsets).size)
+                diagonals = int(np.unique(np.concatenate(
+                    [np.unique(offsets) for offsets in pieces])).size)
         return dataclasses.replace(self, diagonals=diagonals)
 
 
@@ -113,10 +116,8 @@ def product_bytes(nnz, n_rows, n_cols, dtype) -> int:
 
 def bandwidth(csr):
     """Largest |column - row| over the stored entries (0 for an empty matrix)."""
-    if csr.nnz == 0:
-        return 0
-    rows = entry_rows(csr.indptr)
-    return int(np.abs(csr.indices.astype(np.int64) - rows).max())
+    return max((int(np.abs(offsets).max()) for offsets in
+                entry_offsets(csr.indptr, csr.indices)), default=0)
 
 
 #: Elements per hashed chunk: chunks are hashed in parallel (hashlib releases the GIL).

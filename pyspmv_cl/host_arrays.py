@@ -65,6 +65,28 @@ def entry_rows(indptr, dtype=np.int64) -> np.ndarray:
     return repeat(np.arange(n_rows, dtype=dtype), np.diff(indptr), dtype)
 
 
+def entry_offsets(indptr, indices):
+    """Yield ``column - row`` (int64) of the stored entries of a CSR, whole rows at a
+    time in non-empty pieces of about ``PIECE`` entries, letting waiting threads run between
+    them (a pass over every entry at once kept the GIL: ``np.bincount`` of 20M offsets
+    for 27 ms, a 2-core Xeon)."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    nnz = int(indptr[-1]) if indptr.size else 0
+    if not nnz:
+        return
+    cuts = np.searchsorted(indptr, np.arange(PIECE, nnz, PIECE, dtype=np.int64), side="right")
+    lo = 0
+    for hi in [*np.unique(cuts).tolist(), indptr.size - 1]:
+        if hi <= lo:
+            continue
+        a, b = int(indptr[lo]), int(indptr[hi])
+        if b > a:   # never an empty piece
+            rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo:hi + 1]))
+            yield np.asarray(indices[a:b]).astype(np.int64) - rows
+            yield_gil()
+        lo = hi
+
+
 def reduce_groups(values, group: int, ufunc) -> np.ndarray:
     """``ufunc`` (``np.maximum``, ``np.add``) over consecutive groups of ``group`` values
     of a 1-D array, the last group possibly short, as if padded with zeros (the values

@@ -53,3 +53,33 @@ def test_background_threads_yield_between_pieces(monkeypatch):
     worker.join()
     np.testing.assert_array_equal(out[0], np.repeat(values, counts))
     assert sleeps == [host_arrays.YIELD_SECONDS] * 5
+
+
+@pytest.mark.parametrize("piece", [1, 3, 1 << 20])
+def test_entry_offsets_and_the_passes_built_on_them(monkeypatch, piece):
+    """``entry_offsets`` in pieces: column - row of every entry, in order, rows whole
+    (empty rows and a row longer than a piece included); the diagonal count (both of
+    its ways) and the bandwidth built on it agree with a direct computation on fresh
+    random matrices."""
+    import scipy.sparse as sp
+
+    from pyspmv_cl.features import MatrixFeatures, bandwidth
+
+    monkeypatch.setattr(host_arrays, "PIECE", piece)
+    rng = np.random.default_rng()
+    for shape, density in (((40, 30), 0.2), ((7, 500), 0.3), ((1, 50), 0.9),
+                           ((30, 30), 0.0), ((5000, 5000), 0.00005)):
+        A = sp.random(*shape, density=density, format="csr", random_state=rng)
+        pieces = list(host_arrays.entry_offsets(A.indptr, A.indices))
+        rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+        expected = A.indices.astype(np.int64) - rows
+        got = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        np.testing.assert_array_equal(got, expected)
+        assert all(p.dtype == np.int64 and p.size for p in pieces)
+        assert bandwidth(A) == (int(np.abs(expected).max()) if A.nnz else 0)
+        features = MatrixFeatures.from_csr(A, count_diagonals=False)
+        # regular enough rows for the count; the 5000 x 5000 one takes the unique branch
+        features = features.__class__(**{**features.__dict__, "std_row_length": 0.0,
+                                         "max_row_length": 1})
+        if A.nnz:
+            assert features.with_diagonals(A).diagonals == np.unique(expected).size
