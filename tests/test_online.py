@@ -436,8 +436,8 @@ def test_gpu_trigger_waits_until_products_pay_for_the_measurement():
     kernel = (20_000_000 * 8 + 2 * (20_000_000 // 14) * 4) / online.GPU_BYTES_PER_SECOND
     assert f32 == int(np.ceil(online.GPU_MEASUREMENT_SECONDS_PER_MNNZ * 20
                               / (online.GPU_SWITCH_GAIN * kernel)))
-    assert 10_000 < f64 < f32 < 20_000   # a solve of 10,000 products is not disturbed
-    assert 10_000 < online.trigger_calls(small, gpu, np.float32, 1.0) < 20_000
+    assert 10_000 < f64 < f32 < 30_000   # a solve of 10,000 products is not disturbed
+    assert 10_000 < online.trigger_calls(small, gpu, np.float32, 1.0) < 30_000
     assert online.trigger_calls(big, gpu, np.float32, 1.0, measuring=False) == 1
     assert online.trigger_calls(big, cpu, np.float32, 1.0) == \
         online.trigger_calls(big, cpu, np.float32, 1.0, measuring=False) > 1
@@ -716,6 +716,8 @@ def test_snapshot_and_upload_go_through_pinned_staging_on_a_gpu(device, rng, mon
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
     assert op.finish_tuning(120) == "done" and op.tuning.online.error is None
-    assert used["read"] == 3     # indptr, indices, data
-    assert used["write"] == 3    # the same, once for every candidate
+    timed = len(op.tuning.online.decision.entry["candidates"])
+    # indptr, indices, data; then each candidate's result, and the start's (reference)
+    assert used["read"] == 3 + timed + 1
+    assert used["write"] == 3 + 1   # the same once for every candidate, and x
     assert_close(op @ x, reference(A, x), A, x, DTYPE)

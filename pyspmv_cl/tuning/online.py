@@ -64,19 +64,19 @@ CPU_SELL_START_MAX_NNZ = 1_000_000
 #: Kernel-time guesses (bytes per second) for the CPU trigger, as the tuner's payback rule.
 CPU_BYTES_PER_SECOND = 20e9
 #: GPUs: the ski-rental rule of ``trigger_calls``.  Measuring is "buying": one
-#: background measurement cost the caller's products 0.02-0.34 s at 20M non-zeros on an
-#: H100 (astro-ph, cage10, Groebner_id2003_aug, wing; mean 0.18-0.21 s: the snapshot's read
-#: back, one upload of it for the candidates, host work holding the GIL, the timing
-#: bursts the caller waits out), about ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not
-#: measuring is "renting": each product pays what a switch would have saved,
-#: ``GPU_SWITCH_GAIN`` of its kernel time (the same H100 runs: the measured pick's
-#: products were 6-21% faster than csr-vector's where it differed, cage10 and wing, and
-#: csr-vector itself on astro-ph and Groebner), the kernel time guessed from its bytes
-#: at ``GPU_BYTES_PER_SECOND``.  The measurement starts once the rent paid equals its
-#: cost: at most twice what the better choice costs.  (Before the timing bursts and
-#: the shared upload, 0.02 s and a guessed quarter, on an H200: the same ratio.)
-GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.01
-GPU_SWITCH_GAIN = 0.13
+#: background measurement cost the caller's products 0.01-0.25 s at 20M non-zeros on an
+#: H100 (astro-ph, cage10, Groebner_id2003_aug, wing, float32 and float64; mean 0.12 s:
+#: the candidates' conversions and timing bursts, the host work of ranking them, the
+#: read-back and upload through pinned memory), about
+#: ``GPU_MEASUREMENT_SECONDS_PER_MNNZ``.  Not measuring is "renting": each product pays
+#: what a switch would save, on average ``GPU_SWITCH_GAIN`` of its kernel time (the same
+#: eight cases: the pick's kernel 5-19% faster than csr-vector's on cage10 and wing,
+#: csr-vector kept on astro-ph and Groebner_id2003_aug; mean 6%), the kernel time
+#: guessed from its bytes at ``GPU_BYTES_PER_SECOND``.  The measurement starts once the
+#: rent paid equals its cost: at most twice what the better choice costs.  (Session
+#: 11, on an H200: 0.02 s and a guessed quarter.)
+GPU_MEASUREMENT_SECONDS_PER_MNNZ = 0.006
+GPU_SWITCH_GAIN = 0.06
 GPU_BYTES_PER_SECOND = 2e12
 
 

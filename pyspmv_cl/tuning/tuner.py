@@ -224,11 +224,15 @@ class _Bench:
     checks candidates against the format the operator already runs, which saves a
     float64 pass over the matrix on the host (0.2-0.3 s at 20M non-zeros)."""
 
-    def __init__(self, csr, device, dtype, queue=None, block_size=1, exclusive=None):
+    def __init__(self, csr, device, dtype, queue=None, block_size=1, exclusive=None,
+                 staging=None):
         self.queue = queue or device.profiling_queue
         # Around each candidate's timed launches: online, keeps the caller's products
         # off the device meanwhile (``OnlineTuning.exclusive``).
         self.exclusive = exclusive or contextlib.nullcontext
+        # Online on GPUs: x and the results copied through pinned memory (a copy of
+        # pageable memory held up the caller's products; wing at 20M: 20-41 MB each).
+        self.pinned = staging
         self.device = device
         self.block_size = k = int(block_size)
         self.dtype = np.dtype(dtype)
@@ -238,9 +242,14 @@ class _Bench:
         self.csr = csr
         self.y_ref = self.scale = None
         mf = cl.mem_flags
-        self.x_buf = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                               hostbuf=np.ascontiguousarray(self.x, dtype=self.dtype)
-                               if n else np.zeros(1, self.dtype))
+        host_x = np.ascontiguousarray(self.x, dtype=self.dtype) if n \
+            else np.zeros(1, self.dtype)
+        if staging is None:
+            self.x_buf = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                   hostbuf=host_x)
+        else:
+            self.x_buf = cl.Buffer(device.context, mf.READ_ONLY, host_x.nbytes)
+            staging.write(self.x_buf, host_x)
         self.y_buf = cl.Buffer(device.context, mf.READ_WRITE,
                                max(1, m * k) * self.dtype.itemsize)
         self.m, self.n = m, n
@@ -288,7 +297,11 @@ class _Bench:
         event = self.enqueue(impl)
         y = np.empty(self.m if self.block_size == 1 else (self.m, self.block_size),
                      self.dtype)
-        cl.enqueue_copy(self.queue, y, self.y_buf, wait_for=[event], is_blocking=True)
+        if self.pinned is None:
+            cl.enqueue_copy(self.queue, y, self.y_buf, wait_for=[event], is_blocking=True)
+        else:
+            event.wait()
+            self.pinned.read(self.y_buf, y)
         return y
 
     def launch_seconds(self, impl):
@@ -369,7 +382,8 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
 
     ``exclusive()`` (online tuning: ``OnlineTuning.exclusive``) is entered around each
     candidate's timed launches; ``staging`` (online tuning on GPUs: a
-    ``PinnedStaging`` on ``device``'s queue) carries the candidates' one upload."""
+    ``PinnedStaging`` on ``device``'s queue and ``queue``) carries the candidates' one
+    upload, the vector and the results read back for the checks."""
     max_formats = MAX_FORMATS if max_formats is None else max_formats
 
     def stopped():
@@ -422,7 +436,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         first.sort(key=lambda c: not registry[c[0]].converts_on_device)
     first = include + [c for c in first if c not in include]
     step("ranked")
-    bench = _Bench(csr, device, dtype, queue, block_size, exclusive)
+    bench = _Bench(csr, device, dtype, queue, block_size, exclusive, staging)
     start = time.perf_counter()
     results = []
     finalists = []   # [(score, rec, impl, samples)], the best few so far
