@@ -44,18 +44,27 @@ def repeat(values, counts, dtype=None) -> np.ndarray:
     if total <= PIECE:
         return np.repeat(values, counts).astype(dtype, copy=False)
     out = np.empty(total, dtype=dtype)
-    # Piece boundaries in the input: the first value whose entries end past k * PIECE.
+    for lo, hi in _pieces(ends):
+        start = int(ends[lo - 1]) if lo else 0
+        out[start:int(ends[hi - 1])] = np.repeat(values[lo:hi], counts[lo:hi])
+    return out
+
+
+def _pieces(ends):
+    """``(lo, hi)``: consecutive ranges of groups (group i's entries end at ``ends[i]``,
+    cumulative) of about ``PIECE`` entries each (a longer group alone), letting waiting
+    threads run after each piece is handled."""
+    total = int(ends[-1]) if len(ends) else 0
+    # Piece boundaries: the first group whose entries end past k * PIECE.
     cuts = np.searchsorted(ends, np.arange(PIECE, total, PIECE, dtype=np.int64),
                            side="right")
     lo = 0
-    for hi in [*np.unique(cuts).tolist(), values.size]:
+    for hi in [*np.unique(cuts).tolist(), len(ends)]:
         if hi <= lo:
             continue
-        start = int(ends[lo - 1]) if lo else 0
-        out[start:int(ends[hi - 1])] = np.repeat(values[lo:hi], counts[lo:hi])
+        yield lo, hi
         lo = hi
         yield_gil()
-    return out
 
 
 def entry_rows(indptr, dtype=np.int64) -> np.ndarray:
@@ -71,20 +80,11 @@ def entry_offsets(indptr, indices):
     them (a pass over every entry at once kept the GIL: ``np.bincount`` of 20M offsets
     for 27 ms, a 2-core Xeon)."""
     indptr = np.asarray(indptr, dtype=np.int64)
-    nnz = int(indptr[-1]) if indptr.size else 0
-    if not nnz:
-        return
-    cuts = np.searchsorted(indptr, np.arange(PIECE, nnz, PIECE, dtype=np.int64), side="right")
-    lo = 0
-    for hi in [*np.unique(cuts).tolist(), indptr.size - 1]:
-        if hi <= lo:
-            continue
+    for lo, hi in _pieces(indptr[1:]):
         a, b = int(indptr[lo]), int(indptr[hi])
         if b > a:   # never an empty piece
             rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo:hi + 1]))
             yield np.asarray(indices[a:b]).astype(np.int64) - rows
-            yield_gil()
-        lo = hi
 
 
 def reduce_groups(values, group: int, ufunc) -> np.ndarray:
