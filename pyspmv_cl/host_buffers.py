@@ -15,12 +15,11 @@ they map the result ("map"), which is right whatever the driver does.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pyopencl as cl
 
 from .cache import get_program
+from .launching import poll_event
 
 #: How host arrays are used on a device (see the module's docstring).
 COPY, MAP, DIRECT = "copy", "map", "direct"
@@ -65,13 +64,10 @@ def wait_and_read(queue: cl.CommandQueue, buf: cl.Buffer, array: np.ndarray,
     later commands on an in-order queue follow it).  ``spin``: seconds to poll the
     event first (``spin_seconds``)."""
     if mode == DIRECT:
-        if spin > 0:
-            queue.flush()
-            end = time.perf_counter() + spin
-            while time.perf_counter() < end:
-                if event.command_execution_status == cl.command_execution_status.COMPLETE:
-                    return
-        event.wait()
+        if spin > 0 and poll_event(queue, event, spin) and \
+                event.command_execution_status == cl.command_execution_status.COMPLETE:
+            return
+        event.wait()   # a failed command raises here
         return
     mapped, _ = cl.enqueue_map_buffer(queue, buf, cl.map_flags.READ, 0, array.shape,
                                       array.dtype, wait_for=[event], is_blocking=True)

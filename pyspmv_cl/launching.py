@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,3 +73,19 @@ def launches_seconds(enqueue: Callable[[], Any]) -> float:
         return 0.0
     events[-1].wait()
     return (events[-1].profile.end - events[0].profile.start) * 1e-9
+
+
+def poll_event(queue, event, seconds: float, pause: float = 0.0) -> bool:
+    """Whether ``event`` ended (completed or failed) within ``seconds``, read from its
+    status without blocking in the driver; ``queue``, the event's, is flushed first
+    (an unflushed command may never start).  ``pause``: seconds to sleep between
+    reads (0: spin)."""
+    if queue is not None:
+        queue.flush()
+    deadline = time.perf_counter() + seconds
+    while event.command_execution_status > 0:   # queued, submitted or running
+        if time.perf_counter() >= deadline:
+            return False
+        if pause:
+            time.sleep(pause)
+    return True

@@ -485,13 +485,12 @@ class SpMV:
         if self._online is not None:
             self._poll_online()
         online = self._online
-        if online is not None and online.state == "running" and not online.inline:
+        if online is not None and online.gates_products:
             with online.product_slot():   # not during a timing burst of the measurement
                 event = self._enqueue(x_buf, y_buf, alpha, beta, wait_for, block)
                 online.note_call(self._impl, self._values_version, self.queue, event)
             return event
-        # No measurement running beside (it starts only in note_call, in this thread):
-        # no gate, whose context manager costs about a microsecond a product.
+        # Otherwise no gate: its context manager costs about a microsecond a product.
         event = self._enqueue(x_buf, y_buf, alpha, beta, wait_for, block)
         if online is not None:
             online.note_call(self._impl, self._values_version, self.queue, event)

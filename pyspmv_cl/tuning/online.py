@@ -41,6 +41,7 @@ import scipy.sparse as sp
 
 from ..features import product_bytes
 from ..formats import FORMATS
+from ..launching import poll_event
 from ..pinned_staging import PinnedStaging
 from .heuristics import block_sets_first
 
@@ -216,11 +217,18 @@ class OnlineTuning:
         self._last = None   # (queue, event) of the caller's latest product
 
     # -- called by the operator, in the caller's thread ------------------------------------
+    @property
+    def gates_products(self) -> bool:
+        """Whether the caller's products go through ``product_slot``: while a
+        measurement runs in a thread of its own (it starts only in ``note_call``, in the
+        caller's thread, so a product that reads False is never timed beside)."""
+        return self.state == "running" and not self.inline
+
     @contextlib.contextmanager
     def product_slot(self):
         """Around the enqueue of one of the caller's products and its ``note_call``:
         while a measurement runs in a thread, wait out a timing burst (``exclusive``)."""
-        if self.state != "running" or self.inline:
+        if not self.gates_products:
             yield
             return
         with self._gate:
@@ -311,7 +319,10 @@ class OnlineTuning:
             last = self._last
         try:
             if last is not None:
-                _await(*last, EXCLUSIVE_WAIT)
+                try:
+                    poll_event(*last, EXCLUSIVE_WAIT, EXCLUSIVE_POLL)
+                except cl.Error:   # a failed command ends the wait; the caller hears of it
+                    pass
             yield
         finally:
             with self._gate:
@@ -355,19 +366,6 @@ class OnlineTuning:
         finally:
             self.finished = time.time()
             _running.discard(self)
-
-
-def _await(queue, event, timeout) -> None:
-    """Wait for ``event`` (of ``queue``, flushed first: an unflushed command may never
-    start) to end, at most ``timeout`` seconds."""
-    try:
-        if queue is not None:
-            queue.flush()
-        deadline = time.perf_counter() + timeout
-        while event.command_execution_status > 0 and time.perf_counter() < deadline:
-            time.sleep(EXCLUSIVE_POLL)
-    except cl.Error:   # a failed command ends the wait; the caller hears of it
-        pass
 
 
 _running: set = set()
