@@ -288,6 +288,14 @@ class Device:
             local.store, local.generation = {}, generation
         return local.store
 
+    def thread_cached(self, key, build):
+        """``thread_store()[key]``, made by ``build()`` on this thread's first use."""
+        store = self.thread_store()
+        hit = store.get(key)
+        if hit is None:
+            hit = store[key] = build()
+        return hit
+
     @property
     def profiling_queue(self):
         """A queue with profiling enabled, on this device's context, for timing (the

@@ -394,11 +394,7 @@ class CSR5(SpMVFormat):
         budget = min(CONVERT_LOCAL_BYTES, self.profile.local_mem_size // 2)
         key = ("csr5-convert", self.profile, self.dtype.str, self.index_dtype.str,
                omega, sigma, budget)
-        store = self.device.thread_store()
-        hit = store.get(key)
-        if hit is None:
-            hit = store[key] = self._build_conversion_program(budget)
-        return hit
+        return self.device.thread_cached(key, lambda: self._build_conversion_program(budget))
 
     def _build_conversion_program(self, budget):
         omega, sigma = self.params["omega"], self.params["sigma"]

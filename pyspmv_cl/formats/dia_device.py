@@ -44,14 +44,14 @@ def _program(fmt):
     """``(specs, kernels)`` of the conversion program, built once per specialisation and
     kept per thread (as csr5's: the kernels run at once after their arguments are set)."""
     key = ("dia-convert", fmt.profile, fmt.dtype.str, fmt.index_dtype.str)
-    store = fmt.device.thread_store()
-    hit = store.get(key)
-    if hit is None:
+
+    def build():
         spec = ProgramSpec("dia_convert.mako", (MARK, ZERO, SCATTER))
         kernels, _ = build_program(fmt.device, spec, dtype=fmt.dtype,
                                    index_dtype=fmt.index_dtype, work_group_size=GROUP)
-        hit = store[key] = ({k.name: k for k in spec.kernels}, kernels)
-    return hit
+        return {k.name: k for k in spec.kernels}, kernels
+
+    return fmt.device.thread_cached(key, build)
 
 
 class Layout:
