@@ -50,6 +50,15 @@ def repeat(values, counts, dtype=None) -> np.ndarray:
     return out
 
 
+def add_in_pieces(out, addend) -> np.ndarray:
+    """``out += addend`` (1-D, one length) in pieces of ``PIECE`` entries, letting
+    waiting threads run between them; returns ``out``."""
+    for start in range(0, out.size, PIECE):
+        out[start:start + PIECE] += addend[start:start + PIECE]
+        yield_gil()
+    return out
+
+
 def _pieces(ends):
     """``(lo, hi)``: consecutive ranges of groups (group i's entries end at ``ends[i]``,
     cumulative) of about ``PIECE`` entries each (a longer group alone), letting waiting

@@ -14,6 +14,13 @@ ${signature("csr_lanes_block")}
 ${c.lanes_row()}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
+% if col_bits == 16:
+        // csr-vector's col_bits=16: the row's base plus each entry's 16-bit offset.
+        const index_t base = row_base[row];
+#define COLUMN(j) (base + (index_t)col_off[j])
+% else:
+#define COLUMN(j) col_idx[j]
+% endif
         __global const real_t *xl = x + x_col + lane;
         index_t j = row_ptr[row];
         // Two entries in turn, each with sums of its own: more loads of x in flight.
@@ -22,14 +29,14 @@ ${c.lane_sums("t")}
         for (; j + 1 < end; j += 2) {
             const real_t a = LOADV(j, values);
             const real_t b = LOADV(j + 1, values);
-            __global const real_t *xa = xl + (long)col_idx[j] * ldx;
-            __global const real_t *xb = xl + (long)col_idx[j + 1] * ldx;
+            __global const real_t *xa = xl + (long)COLUMN(j) * ldx;
+            __global const real_t *xb = xl + (long)COLUMN(j + 1) * ldx;
 ${c.lane_fma("s", "a", "xa")}
 ${c.lane_fma("t", "b", "xb")}
         }
         if (j < end) {
             const real_t a = LOADV(j, values);
-            __global const real_t *xa = xl + (long)col_idx[j] * ldx;
+            __global const real_t *xa = xl + (long)COLUMN(j) * ldx;
 ${c.lane_fma("s", "a", "xa")}
         }
 ${c.lane_add("s", "t")}

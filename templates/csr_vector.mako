@@ -143,10 +143,20 @@ ${c.store_y("r", "sum")}
 #define WG ${work_group_size}
 #define WINDOW ${window}
 ${c.streamed_loads(streamed_loads)}
-% if streamed_loads:
-#define PRODUCT(j) MUL(STREAMV(values + (j)), x[STREAMI(col_idx + (j))])
+## col_bits=16: a column is the block's base plus a 16-bit offset (csr_vector.py).
+% if col_bits == 16 and streamed_loads:
+#define COLUMN(j) (block_base + (index_t)evict_first_u16(col_off + (j)))
+% elif col_bits == 16:
+#define COLUMN(j) (block_base + (index_t)col_off[j])
+% elif streamed_loads:
+#define COLUMN(j) STREAMI(col_idx + (j))
 % else:
-#define PRODUCT(j) MUL(LOADV(j, values), x[col_idx[j]])
+#define COLUMN(j) col_idx[j]
+% endif
+% if streamed_loads:
+#define PRODUCT(j) MUL(STREAMV(values + (j)), x[COLUMN(j)])
+% else:
+#define PRODUCT(j) MUL(LOADV(j, values), x[COLUMN(j)])
 % endif
 
 ${signature("csr_vector")}
@@ -157,6 +167,9 @@ ${signature("csr_vector")}
     const index_t last = row_blocks[get_group_id(0) + 1];
     const index_t begin = row_ptr[first];
     const index_t end = row_ptr[last];
+% if col_bits == 16:
+    const index_t block_base = col_base[get_group_id(0)];
+% endif
     // The block's entries go through local memory WINDOW products at a time, read
     // consecutively by the group (coalesced, and neighbouring entries gather
     // neighbouring x).  Then each row of the block is added up by TPR work-items, the
@@ -209,6 +222,51 @@ ${signature("csr_vector")}
 ${c.store_y("row", "sum")}
     }
 }
+% if col_bits == 16 and device_conversion:
+
+## col_bits=16 on the device: a group per row block finds the block's smallest and
+## largest column (a tree over the group), writes the base for the block and its rows
+## and each entry's offset, and flags a block spanning more than 0xFFFF columns (the
+## host then takes 32-bit columns or refuses the matrix).
+${signature("csr_vector_compress")}
+{
+    __local index_t lows[WG];
+    __local index_t highs[WG];
+    const uint lid = get_local_id(0);
+    const index_t b = (index_t)get_group_id(0);
+    const index_t first = blocks_in[b], last = blocks_in[b + 1];
+    const index_t begin = csr_row_ptr[first], end = csr_row_ptr[last];
+    // Any entry of the block seeds both bounds (an empty block keeps base 0).
+    index_t low = end > begin ? csr_col_idx[begin] : 0;
+    index_t high = low;
+    for (index_t j = begin + (index_t)lid; j < end; j += WG) {
+        const index_t col = csr_col_idx[j];
+        low = min(low, col);
+        high = max(high, col);
+    }
+    lows[lid] = low;
+    highs[lid] = high;
+    // Within a step lid reads lid + s, which (lid < s writes only) no one writes.
+    for (uint s = WG >> 1; s > 0; s >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < s) {
+            lows[lid] = low = min(low, lows[lid + s]);
+            highs[lid] = high = max(high, highs[lid + s]);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const index_t base = lows[0];
+    if (lid == 0) {
+        col_base_out[b] = base;
+        if (highs[0] - base > 0xFFFF)
+            atomic_max((volatile __global int *)bad, 1);
+    }
+    for (index_t r = first + (index_t)lid; r < last; r += WG)
+        row_base_out[r] = base;
+    for (index_t j = begin + (index_t)lid; j < end; j += WG)
+        col_off_out[j] = (ushort)(csr_col_idx[j] - base);
+}
+% endif
 % else:
 <% rows_per_group = work_group_size // vector_size %>
 #define VECTOR_SIZE ${vector_size}

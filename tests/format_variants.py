@@ -38,6 +38,11 @@ VARIANTS = {
          "reduction": "serial"},
         {"mapping": "adaptive", "work_group_size": 128, "items_per_thread": 8,
          "reduction": "tree"},
+        # 16-bit columns (converted on the device where Oclgrind counts as a GPU).
+        {"mapping": "adaptive", "work_group_size": 16, "items_per_thread": 3,
+         "col_bits": 16, QUICK: True},
+        {"mapping": "adaptive", "work_group_size": 8, "items_per_thread": 2,
+         "col_bits": 16, "index_bits": 64},
         # tests/test_csr_vector_merge.py's GEOMETRIES: small groups make the corpus's
         # rows cross work-items and groups (the carries' scan and the fix-up kernel).
         {"mapping": "merge", "work_group_size": 4, "items_per_thread": 3, "reduction": "tree",
@@ -156,6 +161,7 @@ COMPLEX_BLOCK_VARIANTS = {
                    {"mapping": "rows", "vector_size": 2, "work_group_size": 8,
                     "reduction": "serial", "block_mapping": "items"},
                    {"mapping": "adaptive", "block_mapping": "lanes"},
+                   {"mapping": "adaptive", "block_mapping": "lanes", "col_bits": 16},
                    {"mapping": "merge", "block_mapping": "lanes"}],
     "ell": [{"max_padding": NO_LIMIT, "work_group_size": 16, PROFILE: _CPU},
             {"max_padding": NO_LIMIT}],

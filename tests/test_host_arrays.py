@@ -33,6 +33,21 @@ def test_entry_rows(monkeypatch):
     assert host_arrays.entry_rows(np.array([0, 4]), np.int32).dtype == np.int32
 
 
+@pytest.mark.parametrize("piece", [1, 3, 1 << 20])
+def test_add_in_pieces(monkeypatch, piece):
+    """``out += addend`` piece by piece: the same sums as one numpy add, in place,
+    lengths on and off a piece boundary (csr-vector's 16-bit columns read back)."""
+    monkeypatch.setattr(host_arrays, "PIECE", piece)
+    rng = np.random.default_rng()
+    for n in (0, 1, 6, 7, 50):
+        out = rng.integers(-1000, 1000, size=n).astype(np.int32)
+        addend = rng.integers(0, 65536, size=n).astype(np.uint16)
+        want = out.astype(np.int64) + addend
+        got = host_arrays.add_in_pieces(out, addend)
+        assert got is out and got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+
+
 def test_repeat_refuses_mismatched_inputs():
     with pytest.raises(ValueError, match="1-D arrays of one length"):
         host_arrays.repeat(np.arange(3), np.ones(2, dtype=np.int64))

@@ -13,6 +13,8 @@ from .lanes import LANE_COLUMNS, LanesBlocks
 #: operator's type, or fewer bits with ``value_bits``, read through LOADV).
 CSR_ARRAYS = (matrix("row_ptr", "index_t"), matrix("col_idx", "index_t"),
               matrix("values", "value_t"))
+#: Widths of a stored column index (csr-vector's col_bits; the other CSR kernels read 32).
+COL_BITS = (16, 32)
 #: The arguments of a kernel with one row (or group of work-items) per row.
 CSR_ROW_ARGS = (scalar("n_rows", "long"), *CSR_ARRAYS, *PRODUCT_ARGS)
 #: The same for a block kernel (KB vectors at once).
@@ -58,7 +60,8 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
         return (scalar("n_rows", "long"), *CSR_ARRAYS)
 
     def template_params(self):
-        return {"value_bits": self.params.get("value_bits")}
+        return {"value_bits": self.params.get("value_bits"),
+                "col_bits": self.params.get("col_bits", 32)}
 
     def convert(self, csr):
         return {

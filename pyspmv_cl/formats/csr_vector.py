@@ -20,6 +20,17 @@ Blocks are cut, without a loop over rows, where a row's first entry enters a new
 of ``work_group_size * items_per_thread`` entries, every ``work_group_size`` rows (one
 work-item per row), and around long rows.  One launch; no scratch.
 
+``col_bits=16`` (adaptive mapping only) stores each column as a 16-bit offset
+(``col_off``) from its row block's smallest column (``col_base``, one index per block;
+``row_base``, the same per row, for the lanes block kernel): 2 bytes an entry instead of
+4, for blocks spanning at most 65535 columns (banded, finite-element and reordered
+matrices, and any matrix of at most 65536 columns).  A matrix with a wider block is
+refused (``FormatNotSuitableError``).  ``col_bits="auto"`` (the GPU default of the
+adaptive mapping) takes 16 bits where every block fits and 32 otherwise: the conversion
+finds out (on the device, ``csr_vector_compress``: one flag read back) and builds the
+32-bit kernel instead.  On an H100 (20M non-zeros) 16-bit columns ran 4-11% faster on
+every matrix that fits (BENCHMARKS.md, #18).
+
 ``mapping="merge"``: after Merrill & Garland's merge-based SpMV (SC16), on the plain CSR
 arrays.  The ``m`` row ends and the ``nnz`` entries form one merged sequence of
 ``m + nnz`` items (row ``i``'s entries, then its end); each work-item takes
@@ -43,8 +54,10 @@ arrays.  The ``m`` row ends and the ``nnz`` entries form one merged sequence of
 """
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 
+from .. import host_arrays
 from ..codegen import (
     ALPHA_ARG,
     BETA_ARG,
@@ -56,11 +69,12 @@ from ..codegen import (
     scalar,
     scratch,
 )
-from ..errors import InvalidParameterError
+from ..errors import FormatNotSuitableError, InvalidParameterError
 from . import params as P
 from .base import BLOCK_WIDTHS, csr_bytes, fits_int32, launch_rows, pow2_floor, round_up
 from .csr_common import (
     BLOCK_PARAMS,
+    COL_BITS,
     CSR_ARRAYS,
     CSR_ROW_ARGS,
     CSR_ROW_BLOCK_ARGS,
@@ -84,6 +98,8 @@ ADAPTIVE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
 # rajat01 in 6.2, 5.9 and 7.0 ms against 11.4, 12.4 and 15.8 with 128 x 8.
 MERGE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
 MERGE_DEFAULT_CPU = {"work_group_size": 64, "items_per_thread": 32}
+#: col_bits=16: the widest span of columns a row block may have (offsets 0..65535).
+MAX_BLOCK_SPAN = 0xFFFF
 
 
 def adaptive_shape(dtype):
@@ -136,6 +152,29 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
     return np.append(np.flatnonzero(cut), m)
 
 
+def compress_block_columns(indices, indptr, row_blocks):
+    """col_bits=16 on the host: ``(col_base, row_base, col_off)``, each row block's
+    smallest column, the same per row, and every entry's offset from its block's base
+    (uint16); None when a block spans more than ``MAX_BLOCK_SPAN`` columns.  Vectorised:
+    a ``reduceat`` per bound over the blocks' entries, and a repeat of the bases."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    blocks = np.asarray(row_blocks, dtype=np.int64)
+    nnz = int(indptr[-1]) if indptr.size else 0
+    indices = np.asarray(indices)[:nnz]
+    starts, ends = indptr[blocks[:-1]], indptr[blocks[1:]]
+    counts = ends - starts
+    base = np.zeros(blocks.size - 1, dtype=np.int64)
+    top = np.zeros(blocks.size - 1, dtype=np.int64)
+    full = counts > 0   # reduceat needs each segment non-empty: empty blocks keep 0
+    if nnz:
+        base[full] = np.minimum.reduceat(indices, starts[full])
+        top[full] = np.maximum.reduceat(indices, starts[full])
+    if blocks.size > 1 and int((top - base).max()) > MAX_BLOCK_SPAN:
+        return None
+    offsets = (indices - host_arrays.repeat(base, counts)).astype(np.uint16)
+    return base, host_arrays.repeat(base, np.diff(blocks)), offsets
+
+
 def merge_groups(indptr, group_items):
     """``(group_rows, fix_groups)`` of the merge mapping with ``group_items`` merge items
     per work-group.
@@ -181,8 +220,13 @@ class CSRVector(CSRFormatBase):
                 "entries each work-item reads per window (mapping='adaptive'), merge "
                 "items per work-item (mapping='merge')"),
         *BLOCK_PARAMS,
+        P.Param("col_bits", P.or_words(P.one_of(*COL_BITS), "auto"),
+                "bits of a stored column (mapping='adaptive'): 16 = an offset from the row "
+                "block's smallest column (blocks spanning at most 65535 columns), 'auto' = "
+                "16 where every block fits, else 32"),
         VALUE_BITS,
     )
+    _col_bits_fallback = False    # col_bits="auto" resolved to 16 (analyse)
 
     # Block kernels for mapping="rows" (the adaptive and merge mappings multiply column by
     # column, unless block_mapping="lanes").
@@ -207,16 +251,19 @@ class CSRVector(CSRFormatBase):
         reduction = "serial" if profile.is_cpu else "tree"
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction,
                 "mapping": "rows", "items_per_thread": None,
-                "block_mapping": default_block_mapping(profile),
+                "block_mapping": default_block_mapping(profile), "col_bits": 32,
                 "value_bits": full_bits(dtype)}
 
     @staticmethod
     def _adaptive_defaults(rows, profile, dtype):
         """Adaptive: a group of 128 (at most the device's), 8 entries per work-item (4
         for values wider than 4 bytes: ``adaptive_shape``), no vector size: the best of
-        four shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32)."""
+        four shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32).
+        ``col_bits="auto"`` on GPUs (16-bit columns where the blocks fit: 4-11% faster on
+        an H100), 32 on CPUs (not measured there)."""
         shape = adaptive_shape(dtype)
         return {**rows, "mapping": "adaptive", "vector_size": None,
+                "col_bits": "auto" if profile.is_gpu else 32,
                 "items_per_thread": shape["items_per_thread"],
                 "work_group_size": pow2_floor(min(shape["work_group_size"],
                                                   profile.max_work_group_size))}
@@ -269,6 +316,11 @@ class CSRVector(CSRFormatBase):
     @classmethod
     def check_params(cls, params, profile):
         wg = params["work_group_size"]
+        if params.get("col_bits") not in (32, None) and params["mapping"] != "adaptive":
+            raise InvalidParameterError(
+                f"csr-vector: col_bits={params['col_bits']!r} needs mapping='adaptive' (the "
+                f"16-bit offsets are per row block); mapping={params['mapping']!r} reads "
+                "32-bit columns")
         if params["mapping"] == "rows":
             vs = params["vector_size"]
             if vs is None:
@@ -341,10 +393,19 @@ class CSRVector(CSRFormatBase):
     def _merge(self):
         return self.params["mapping"] == "merge"
 
+    @property
+    def _narrow(self):
+        return self.params.get("col_bits") == 16
+
     def analyse(self, csr):
         """The merge mapping's position type: merge items (``m + nnz``, plus a group's
-        worth past the end) in 32 bits where they fit, else 64."""
+        worth past the end) in 32 bits where they fit, else 64.  ``col_bits="auto"``:
+        16, unless the conversion finds a block too wide (then 32 and the kernels built
+        again); no entries, nothing to narrow."""
         self.nnz = int(csr.indptr[-1]) if self.shape[0] else 0
+        if self.params.get("col_bits") in ("auto", None):
+            self.params["col_bits"] = 16 if self.nnz and self._adaptive else 32
+            self._col_bits_fallback = self._narrow
         group = self.params["work_group_size"] * (self.params["items_per_thread"] or 1)
         self.pos_dtype = np.dtype(np.int32 if fits_int32(self.shape[0] + self.nnz + group)
                                   else np.int64)
@@ -358,6 +419,8 @@ class CSRVector(CSRFormatBase):
                 "mapping": self.params["mapping"],
                 "items_per_thread": self.params["items_per_thread"],
                 "pos_t": "int" if self.pos_dtype == np.int32 else "long",
+                "col_bits": self.params["col_bits"],
+                "device_conversion": self.converting_on_device,
                 "streamed_loads": self._streamed_loads()}
 
     def _streamed_loads(self):
@@ -381,11 +444,30 @@ class CSRVector(CSRFormatBase):
                     Y_ARG, scratch("head", read_only=True), scratch("carry", read_only=True),
                     ALPHA_ARG, BETA_ARG)),
             ]
-        if self._adaptive:
-            args = (matrix("row_blocks", "index_t"), *CSR_ARRAYS, *PRODUCT_ARGS)
-        else:
-            args = CSR_ROW_ARGS
-        return [KernelSpec("csr_vector", args, fixed_group=True)]
+        if not self._adaptive:
+            return [KernelSpec("csr_vector", CSR_ROW_ARGS, fixed_group=True)]
+        specs = [KernelSpec("csr_vector", (matrix("row_blocks", "index_t"),
+                                           *self._csr_arrays("col_base"), *PRODUCT_ARGS),
+                            fixed_group=True)]
+        if self._narrow and self.converting_on_device:
+            specs.append(KernelSpec("csr_vector_compress", (
+                scratch("blocks_in", "index_t", read_only=True),
+                matrix("csr_row_ptr", "index_t"), matrix("csr_col_idx", "index_t"),
+                scratch("col_base_out", "index_t"), scratch("row_base_out", "index_t"),
+                scratch("col_off_out", "ushort"), scratch("bad", "int")),
+                fixed_group=True))
+        return specs
+
+    def _csr_arrays(self, base):
+        """row_ptr, the columns, values: ``col_idx``, or with col_bits=16 the bases
+        ``base`` (``col_base`` per block, ``row_base`` per row) and ``col_off``."""
+        if not self._narrow:
+            return CSR_ARRAYS
+        return (CSR_ARRAYS[0], matrix(base, "index_t"), matrix("col_off", "ushort"),
+                CSR_ARRAYS[2])
+
+    def lanes_matrix_args(self):
+        return (scalar("n_rows", "long"), *self._csr_arrays("row_base"))
 
     def local_bytes(self, work_group_size):
         if self._merge:   # one carry (row and partial sum) per work-item
@@ -397,13 +479,97 @@ class CSRVector(CSRFormatBase):
         return 1 if self.params["mapping"] != "rows" else self.params["vector_size"]
 
     def convert(self, csr):
-        return {**super().convert(csr), **self._row_blocks(csr.indptr)}
+        arrays = {**super().convert(csr), **self._row_blocks(csr.indptr)}
+        if not self._narrow:
+            return arrays
+        compressed = compress_block_columns(csr.indices, csr.indptr, arrays["row_blocks"])
+        if compressed is None:
+            self._too_wide_columns()
+            return arrays
+        del arrays["col_idx"]
+        base, row_base, offsets = compressed
+        return {**arrays, "col_base": base.astype(self.index_dtype),
+                "row_base": row_base.astype(self.index_dtype), "col_off": offsets}
 
     def convert_device(self, csr):
         blocks = self._row_blocks(csr.indptr)   # from indptr, which is on the host too
         for name, array in blocks.items():
             blocks[name] = cla.to_device(self.device.queue, array)
-        return {**super().convert_device(csr), **blocks}
+        if not self._narrow:
+            return {**super().convert_device(csr), **blocks}
+        return {**self._compress_device(csr, blocks["row_blocks"]), **blocks}
+
+    def _compress_device(self, csr, row_blocks):
+        """col_bits=16 on the device: ``csr_vector_compress`` (a group per row block)
+        finds each block's smallest column, writes the bases and the offsets, and flags
+        a block too wide; the flag, one int, is the only thing read back.  A matrix
+        with a wider block gets its 32-bit columns instead (col_bits="auto") or is
+        refused."""
+        queue = self.device.queue
+        idx, m, nnz = self.index_dtype, self.shape[0], self.nnz
+        row_ptr = csr.as_type("indptr", idx, queue, copy=True)
+        offsets = cla.empty(queue, nnz, np.uint16)
+        wide = False
+        if nnz:
+            base = cla.empty(queue, self.n_blocks, idx)
+            row_base = cla.empty(queue, m, idx)
+            wg = self.params["work_group_size"]
+            wide = self.run_check(
+                queue, "csr_vector_compress", self.n_blocks * wg, wg,
+                blocks_in=row_blocks.base_data, csr_row_ptr=row_ptr.base_data,
+                csr_col_idx=csr.as_type("indices", idx, queue).base_data,
+                col_base_out=base.base_data, row_base_out=row_base.base_data,
+                col_off_out=offsets.base_data)
+        else:   # (col_bits=16 asked for) no entries: every base 0, as on the host
+            base, row_base = cla.zeros(queue, self.n_blocks, idx), cla.zeros(queue, m, idx)
+        values = self.device_values(csr, queue, copy=True)
+        if wide:
+            self._too_wide_columns()
+            arrays = {"row_ptr": row_ptr, "col_idx": csr.as_type("indices", idx, queue,
+                                                                 copy=True), "values": values}
+        else:
+            arrays = {"row_ptr": row_ptr, "col_base": base, "row_base": row_base,
+                      "col_off": offsets, "values": values}
+        queue.finish()   # ordered before any product, whatever the queue's order
+        return arrays
+
+    def _too_wide_columns(self):
+        """A row block spans more than 16 bits of columns: with col_bits="auto", 32-bit
+        columns and the kernels built again for them (the kernel cache has them after
+        the first time); with col_bits=16, refused."""
+        if not self._col_bits_fallback:
+            raise FormatNotSuitableError(
+                f"csr-vector: col_bits=16 needs every row block's columns within "
+                f"{MAX_BLOCK_SPAN} of its smallest one, and a block of this matrix spans "
+                "more: use col_bits=32 or 'auto' (which falls back to 32)")
+        self.params["col_bits"] = 32
+        self._col_bits_fallback = False
+        self.kernels, self._specs = {}, {}
+        self._build()
+
+    def read_csr(self, queue, wait_for=None, staging=None):
+        """The CSR arrays; with col_bits=16 the columns put back together on the host
+        (each row's base repeated over its entries, plus the offsets)."""
+        if not self._narrow:
+            return super().read_csr(queue, wait_for, staging)
+        nnz = self.value_array_sizes["values"]
+        if wait_for:
+            cl.wait_for_events(wait_for)
+        host = {}
+        for name, dtype, size in (("row_ptr", self.index_dtype, self.shape[0] + 1),
+                                  ("row_base", self.index_dtype, self.shape[0]),
+                                  ("col_off", np.uint16, nnz),
+                                  ("values", self.value_dtype, nnz)):
+            host[name] = np.empty(size, dtype)
+            if size and staging is not None:
+                staging.read(self.buffers[name], host[name])
+            elif size:
+                cl.enqueue_copy(queue, host[name], self.buffers[name], is_blocking=True)
+        indptr = host["row_ptr"]
+        cols = host_arrays.repeat(host["row_base"], np.diff(indptr.astype(np.int64)))
+        host_arrays.add_in_pieces(cols, host["col_off"])   # (the GIL let go: a thread's)
+        return [indptr, cols.astype(self.index_dtype, copy=False),
+                host["values"].astype(self.dtype, copy=False)], []
 
     def _row_blocks(self, indptr):
         """The adaptive mapping's row blocks (each holds at most one row per work-item

@@ -1,7 +1,8 @@
 """Online tuning: the default for a matrix the tuning database does not know.
 
 The operator starts at once on a kernel that costs little setup (``start_choice``:
-csr-vector on GPUs, its adaptive mapping where the rows allow, no conversion; on CPUs
+csr-vector on GPUs, its adaptive mapping where the rows allow, no conversion but its
+16-bit columns (one pass on the device); on CPUs
 sell, whose host conversion takes a few ms up to a million non-zeros, else csr-scalar),
 so setup costs little more than the upload.  Once the caller has run enough products for
 tuning to pay (``trigger_calls``: once the products already run would have paid for
@@ -148,7 +149,8 @@ def online_alternatives(block_size: int) -> int:
 
 
 def start_choice(features, profile, dtype, block_size=1, user_params=None):
-    """(format, params, why): on GPUs a CSR kernel that needs no conversion.  For
+    """(format, params, why): on GPUs a CSR kernel that needs no conversion (the
+    adaptive mapping's 16-bit columns aside: one pass on the device).  For
     products of ``block_size`` > 1 vectors, csr-vector's first parameter set that has
     block kernels with the caller's ``user_params`` (the row mapping when
     ``block_mapping="items"`` leaves the adaptive one none).  On CPUs sell, up to
@@ -161,8 +163,10 @@ def start_choice(features, profile, dtype, block_size=1, user_params=None):
             candidates = block_sets_first(cls, features, profile, dtype, candidates,
                                           user_params)
         params = candidates[0] if candidates else {}
-        how = "adaptive row blocks" if params.get("mapping") == "adaptive" else "rows"
-        return "csr-vector", dict(params), f"csr-vector ({how}): no conversion"
+        if params.get("mapping") == "adaptive":
+            return "csr-vector", dict(params), ("csr-vector (adaptive row blocks): no "
+                                                "conversion but 16-bit columns where they fit")
+        return "csr-vector", dict(params), "csr-vector (rows): no conversion"
     if features.nnz <= CPU_SELL_START_MAX_NNZ and not user_params:
         return "sell", {}, "sell: a host conversion of a few ms"
     return "csr-scalar", {}, "csr-scalar: no conversion"
