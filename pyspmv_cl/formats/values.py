@@ -94,12 +94,14 @@ class DeviceCodes:
 def _device_codes(fmt, structure):
     """The :class:`DeviceCodes` of an operator that converted on the device (the host
     conversion of the pattern took 0.5-3 s at 20M non-zeros), or None where that does
-    not apply (host conversion, values stored narrower, too many entries for the
-    codes, no room on the device for the twin)."""
+    not apply (host conversion, values kept in CSR order, values stored narrower, too
+    many entries for the codes, no room on the device for the twin)."""
     if not fmt.converting_on_device or fmt.value_dtype != fmt.dtype:
         return None
     indices, indptr = structure
     nnz = indices.size
+    if _csr_order(fmt, nnz) is not None:   # the values stay in CSR order: no map needed
+        return None
     part = np.dtype(fmt.dtype.char.lower()) if fmt.dtype.kind == "c" else fmt.dtype
     bits, base, top = _CODE_BASE[part.itemsize]
     if not nnz or base + nnz > top:
