@@ -28,7 +28,7 @@ matrices, and any matrix of at most 65536 columns).  A matrix with a wider block
 refused (``FormatNotSuitableError``).  ``col_bits="auto"`` (the GPU default of the
 adaptive mapping) takes 16 bits where every block fits and 32 otherwise: the conversion
 finds out (on the device, ``csr_vector_compress``: one flag read back) and builds the
-32-bit kernel instead.  On an H100 (20M non-zeros) 16-bit columns ran 4-11% faster on
+32-bit kernel instead.  On an H100 (20M non-zeros) 16-bit columns ran 3-11% faster on
 every matrix that fits (BENCHMARKS.md, #18).
 
 ``mapping="merge"``: after Merrill & Garland's merge-based SpMV (SC16), on the plain CSR
@@ -262,7 +262,7 @@ class CSRVector(CSRFormatBase):
         """Adaptive: a group of 128 (at most the device's), 8 entries per work-item (4
         for values wider than 4 bytes: ``adaptive_shape``), no vector size: the best of
         four shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32).
-        ``col_bits="auto"`` on GPUs (16-bit columns where the blocks fit: 4-11% faster on
+        ``col_bits="auto"`` on GPUs (16-bit columns where the blocks fit: 3-11% faster on
         an H100), 32 on CPUs (not measured there)."""
         shape = adaptive_shape(dtype)
         return {**rows, "mapping": "adaptive", "vector_size": None,
