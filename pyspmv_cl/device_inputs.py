@@ -11,6 +11,7 @@ import pyopencl.array as cla
 import scipy.sparse as sp
 
 from .errors import InvalidInputError, UnsupportedDtypeError
+from .host_arrays import cast
 from .inputs import check_triple
 
 
@@ -52,8 +53,8 @@ class DeviceCSR:
         """A validated host CSR uploaded in the given types (to convert on the device;
         ``owned``: handed to one operator only, which may keep the arrays), through
         ``staging`` (``pinned_staging.PinnedStaging`` on ``queue``) when given."""
-        arrays = [cla.to_device(queue, np.ascontiguousarray(a, dtype=t)) if staging is None
-                  else staging.to_device(np.ascontiguousarray(a, dtype=t)) for a, t in
+        arrays = [cla.to_device(queue, cast(a, t)) if staging is None
+                  else staging.to_device(cast(a, t)) for a, t in
                   ((csr.data, dtype), (csr.indices, index_dtype), (csr.indptr, index_dtype))]
         return cls(*arrays, np.asarray(csr.indptr, dtype=np.int64), tuple(csr.shape), owned)
 

@@ -6,6 +6,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .errors import DeviceCapabilityError, InvalidInputError, UnsupportedDtypeError
+from .host_arrays import min_max
 
 REAL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
@@ -76,11 +77,13 @@ def validate_csr(csr):
     if indptr[0] != 0 or indptr[-1] != nnz or csr.data.size != nnz:
         raise InvalidInputError(f"indptr must start at 0 and end at nnz={nnz} "
                          f"(got {indptr[0]}..{indptr[-1]}, {csr.data.size} values)")
-    if rows and np.any(np.diff(indptr) < 0):
+    if rows and np.any(indptr[1:] < indptr[:-1]):
         raise InvalidInputError("indptr must be non-decreasing")
-    if nnz and (indices.min() < 0 or indices.max() >= cols):
-        raise InvalidInputError(f"column indices must lie in [0, {cols}); found "
-                         f"[{indices.min()}, {indices.max()}]")
+    if nnz:
+        low, high = min_max(indices)
+        if low < 0 or high >= cols:
+            raise InvalidInputError(f"column indices must lie in [0, {cols}); found "
+                                    f"[{low}, {high}]")
 
 
 def as_host_csr(A, shape=None):

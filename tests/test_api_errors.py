@@ -337,13 +337,20 @@ def test_triple_indptr_bad_ends(cpu_device):
         psc.SpMV((data, indices, np.array([0, 1, 2])), shape=(2, 3), device=cpu_device)
 
 
+@pytest.mark.parametrize("parallel_min", [1, 1 << 21])
 @pytest.mark.parametrize("bad", [3, 100, -1])
-def test_triple_column_index_out_of_range(cpu_device, bad):
+def test_triple_column_index_out_of_range(cpu_device, bad, parallel_min, monkeypatch):
+    """Refused whether the bounds are taken in one pass or in pieces on threads."""
+    from pyspmv_cl import host_arrays
+
+    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
     data = np.ones(3)
-    indices = np.array([0, bad, 1])
-    indptr = np.array([0, 2, 3])
-    with pytest.raises(ValueError, match=r"column indices must lie in \[0, 3\)"):
-        psc.SpMV((data, indices, indptr), shape=(2, 3), device=cpu_device)
+    for where in range(3):   # the bad index in each piece
+        indices = np.array([0, 2, 1])
+        indices[where] = bad
+        indptr = np.array([0, 2, 3])
+        with pytest.raises(ValueError, match=r"column indices must lie in \[0, 3\)"):
+            psc.SpMV((data, indices, indptr), shape=(2, 3), device=cpu_device)
 
 
 def test_scipy_matrix_with_corrupt_indices(cpu_device):

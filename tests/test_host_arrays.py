@@ -98,3 +98,35 @@ def test_entry_offsets_and_the_passes_built_on_them(monkeypatch, piece):
                                          "max_row_length": 1})
         if A.nnz:
             assert features.with_diagonals(A).diagonals == np.unique(expected).size
+
+
+@pytest.mark.parametrize("parallel_min", [1, 5, 1 << 21])
+def test_cast_matches_astype(monkeypatch, parallel_min):
+    """``cast`` gives astype's values in the dtype asked for, C-contiguous, split over
+    threads or not (``PARALLEL_MIN``), from contiguous and strided inputs; an array
+    already in the dtype comes back as itself."""
+    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
+    rng = np.random.default_rng()
+    for n in (0, 1, 7, 1000):
+        doubles = rng.standard_normal(2 * n) * 1e3
+        for src, dtype in ((doubles, np.float32), (doubles[::2], np.float32),
+                           (rng.integers(-2**40, 2**40, size=n), np.int32),
+                           (rng.integers(0, 1000, size=n).astype(np.int32), np.int64),
+                           (doubles[:n] + 1j * doubles[n:], np.complex64)):
+            got = host_arrays.cast(src, dtype)
+            assert got.dtype == np.dtype(dtype) and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, src.astype(dtype))
+    same = rng.standard_normal(100)
+    assert host_arrays.cast(same, np.float64) is same
+
+
+@pytest.mark.parametrize("parallel_min", [1, 4, 1 << 21])
+def test_min_max_matches_numpy(monkeypatch, parallel_min):
+    """``min_max`` of fresh random arrays (the extremes anywhere, one element, a
+    strided view) equals numpy's min and max."""
+    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
+    rng = np.random.default_rng()
+    for n in (1, 2, 9, 1001):
+        values = rng.integers(-10**6, 10**6, size=n).astype(np.int32)
+        for arr in (values, values[::3]):
+            assert host_arrays.min_max(arr) == (arr.min(), arr.max())

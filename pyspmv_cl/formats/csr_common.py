@@ -5,6 +5,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
+from ..host_arrays import cast
 from . import params as P
 from .base import SpMVFormat
 from .lanes import LANE_COLUMNS, LanesBlocks
@@ -65,8 +66,8 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
 
     def convert(self, csr):
         return {
-            "row_ptr": csr.indptr.astype(self.index_dtype, copy=False),
-            "col_idx": csr.indices.astype(self.index_dtype, copy=False),
+            "row_ptr": cast(csr.indptr, self.index_dtype),
+            "col_idx": cast(csr.indices, self.index_dtype),
             "values": self.stored_values(csr.data),
         }
 

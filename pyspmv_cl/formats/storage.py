@@ -31,6 +31,7 @@ import pyopencl.array as cla
 
 from ..codegen import KernelSpec, full_bits, scalar, scratch
 from ..errors import FormatNotSuitableError, InvalidInputError, InvalidParameterError
+from ..host_arrays import cast
 from . import params as P
 from .builder import ProgramSpec, build_program
 
@@ -94,7 +95,7 @@ def to_storage(format_name, data, dtype, stored, *, update=False) -> np.ndarray:
     (FormatNotSuitableError; InvalidInputError for ``update``: new values)."""
     data = np.asarray(data)
     if np.dtype(stored) == np.dtype(dtype) or np.dtype(stored).kind != "f":
-        return data.astype(stored, copy=False)
+        return cast(data, stored) if data.ndim == 1 else data.astype(stored, copy=False)
     full = data.astype(dtype, copy=False)
     with np.errstate(over="ignore"):
         out = full.astype(stored)
