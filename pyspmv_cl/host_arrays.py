@@ -160,6 +160,16 @@ def _run(fn, pieces):
     return list(_pool.map(lambda piece: fn(*piece), pieces))
 
 
+def map_pieces(fn, size: int) -> list:
+    """``[fn(start, stop), ...]`` over consecutive pieces covering ``range(size)``: one
+    piece per thread from ``PARALLEL_MIN`` entries (``fn`` should spend its time in
+    numpy calls that let the GIL go), else the whole range at once."""
+    pieces = _split(size)
+    if pieces is None:
+        return [fn(0, size)]
+    return _run(fn, pieces)
+
+
 def cast(values, dtype) -> np.ndarray:
     """``values`` (1-D) as a C-contiguous array of ``dtype``: itself when it already
     is one, else a new array, filled piece by piece on several threads when large."""

@@ -594,6 +594,31 @@ def test_adaptive_row_blocks_literal():
     np.testing.assert_array_equal(adaptive_row_blocks(np.zeros(8), 3, 4), [0, 3, 6, 7])
 
 
+@pytest.mark.parametrize("parallel_min", [1, 2, 7, 1 << 21])
+def test_adaptive_row_blocks_in_pieces(monkeypatch, parallel_min):
+    """The rows cut into pieces on threads (host_arrays.PARALLEL_MIN forced down) give
+    the blocks of the rules written out row by row, on fresh random row lengths (empty
+    rows, long rows, both index types, several grids and windows)."""
+    from pyspmv_cl import host_arrays
+    from pyspmv_cl.formats.csr_vector import adaptive_row_blocks
+
+    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
+    rng = np.random.default_rng()
+    for _ in range(200):
+        m = int(rng.integers(1, 60))
+        lengths = rng.integers(0, 12, m) * (rng.random(m) < 0.8)
+        if rng.random() < 0.3:
+            lengths[rng.integers(m)] = 200
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(
+            rng.choice([np.int32, np.int64]))
+        per_block, window = int(rng.choice([1, 2, 3, 16])), int(rng.choice([4, 8, 24]))
+        want = [i for i in range(m)
+                if i == 0 or i % per_block == 0
+                or indptr[i] // window != indptr[i - 1] // window
+                or lengths[i] > window or lengths[i - 1] > window] + [m]
+        np.testing.assert_array_equal(adaptive_row_blocks(indptr, per_block, window), want)
+
+
 @pytest.mark.parametrize("work_group_size", [1, 96, 128])
 @with_dtypes
 def test_csr_scalar_work_group_sizes(work_group_size, dtype, device, rng):
