@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .host_arrays import entry_offsets
+from .host_arrays import entry_offsets, map_pieces
 
 # Diagonals are counted only for matrices that could suit DIA (short, even rows):
 # one counting pass over the non-zeros (a sort when m + n dwarfs nnz), skipped for the rest.
@@ -48,16 +48,13 @@ class MatrixFeatures:
         the non-zeros (the diagonal count, which only the format choice reads) for
         :meth:`with_diagonals` (``diagonals`` is then NOT_COUNTED)."""
         n_rows, n_cols = csr.shape
-        row_lengths = np.diff(csr.indptr)
         if n_rows == 0:
             return cls(0, n_cols, 0, 0.0, 0, 0.0, 0)
-        max_row = int(row_lengths.max())
-        mean = float(csr.nnz) / n_rows
-        std = _std(row_lengths, max_row)
+        max_row, std, empty = _row_stats(np.asarray(csr.indptr))
         features = cls(
-            n_rows=n_rows, n_cols=n_cols, nnz=int(csr.nnz), mean_row_length=mean,
-            max_row_length=max_row, std_row_length=std,
-            empty_rows=int(np.count_nonzero(row_lengths == 0)), diagonals=NOT_COUNTED)
+            n_rows=n_rows, n_cols=n_cols, nnz=int(csr.nnz),
+            mean_row_length=float(csr.nnz) / n_rows, max_row_length=max_row,
+            std_row_length=std, empty_rows=empty, diagonals=NOT_COUNTED)
         return features.with_diagonals(csr) if count_diagonals else features
 
     def with_diagonals(self, csr):
@@ -82,16 +79,29 @@ class MatrixFeatures:
         return dataclasses.replace(self, diagonals=diagonals)
 
 
-def _std(row_lengths, longest) -> float:
-    """The standard deviation of the row lengths from their sum and sum of squares, in
-    integers (exact; one pass each, no float temporaries: 5.1M rows 18 -> 6 ms), or
-    numpy's where the sum of squares could pass 64 bits."""
-    total = int(row_lengths.sum(dtype=np.int64))
-    if longest * total >= 1 << 62:
-        return float(row_lengths.std())
-    squares = int(np.einsum("i,i->", row_lengths, row_lengths, dtype=np.int64))
-    m = row_lengths.size
-    return math.sqrt(m * squares - total * total) / m
+def _row_stats(indptr):
+    """``(longest row, standard deviation of the row lengths, empty rows)`` of a CSR's
+    row pointers (at least one row).  The deviation comes from the lengths' sum and sum
+    of squares, in integers (exact; no float temporaries: 5.1M rows 18 -> 6 ms), or from
+    numpy's ``std`` where a sum of squares could pass 64 bits.  Pieces of rows run on
+    several threads (``host_arrays.map_pieces``: the row pass took 18 ms of wing x83's
+    setup on the lent H100's host in one piece)."""
+    def piece(lo, hi):
+        lengths = np.diff(indptr[lo:hi + 1])
+        longest = int(lengths.max())
+        total = int(indptr[hi]) - int(indptr[lo])
+        squares = None if longest * total >= 1 << 62 else \
+            int(np.einsum("i,i->", lengths, lengths, dtype=np.int64))
+        return longest, squares, int(np.count_nonzero(lengths == 0))
+
+    m = indptr.size - 1
+    parts = map_pieces(piece, m)
+    longest = max(p[0] for p in parts)
+    empty = sum(p[2] for p in parts)
+    if any(p[1] is None for p in parts):
+        return longest, float(np.diff(indptr).std()), empty
+    total, squares = int(indptr[-1]) - int(indptr[0]), sum(p[1] for p in parts)
+    return longest, math.sqrt(m * squares - total * total) / m, empty
 
 
 # -- what the tuner reads beyond MatrixFeatures, and the tuning database's key ----------

@@ -40,12 +40,17 @@ def ranked(A, profile=None, dtype=np.float32):
 
 
 
+@pytest.mark.parametrize("parallel_min", [1, 3, 1 << 21])
 @pytest.mark.parametrize("seed", range(4))
-def test_features_row_statistics(seed):
+def test_features_row_statistics(seed, parallel_min, monkeypatch):
     """MatrixFeatures' row-length statistics (the spread from integer sums) equal
-    numpy's on random CSR matrices, int32 and int64 row pointers, empty rows included."""
+    numpy's on random CSR matrices, int32 and int64 row pointers, empty rows included,
+    the rows in one piece or in pieces on threads (host_arrays.PARALLEL_MIN forced)."""
     import scipy.sparse as sp
 
+    from pyspmv_cl import host_arrays
+
+    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
     rng = np.random.default_rng(seed)
     m, n = int(rng.integers(1, 3000)), int(rng.integers(1, 3000))
     lengths = (rng.pareto(rng.uniform(0.6, 4), m) * rng.integers(1, 20)).astype(np.int64)
@@ -441,3 +446,18 @@ def test_block_size_applies_to_auto_only():
 def test_block_classes():
     assert [tuner.block_class(k) for k in (1, 2, 4, 5, 8, 9, 16, 17, 64, 1000)] == \
         [1, 4, 4, 8, 8, 16, 16, 32, 32, 32]
+
+
+@pytest.mark.parametrize("parallel_min", [1, 1 << 21])
+def test_row_statistics_past_64_bits(parallel_min, monkeypatch):
+    """Rows so long that a sum of squares could pass 64 bits: the spread falls back to
+    numpy's float std, in one piece or in pieces."""
+    from pyspmv_cl import host_arrays
+    from pyspmv_cl.features import _row_stats
+
+    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
+    indptr = np.array([0, 2**40, 2**40, 2**41 + 5], dtype=np.int64)
+    longest, std, empty = _row_stats(indptr)
+    lengths = np.diff(indptr)
+    assert longest == lengths.max() and empty == 1
+    assert std == pytest.approx(float(lengths.std()), rel=1e-12)
