@@ -186,11 +186,8 @@ def cast(values, dtype) -> np.ndarray:
 
 
 def min_max(values):
-    """``(values.min(), values.max())`` of a non-empty 1-D array, the pieces of a large
-    one on several threads."""
-    values = np.asarray(values)
-    pieces = _split(values.size) if values.ndim == 1 else None
-    if pieces is None:
-        return values.min(), values.max()
-    bounds = _run(lambda a, b: (values[a:b].min(), values[a:b].max()), pieces)
+    """``(values.min(), values.max())`` of a non-empty array, the pieces of a large one
+    on several threads."""
+    values = np.asarray(values).reshape(-1)   # (a view of a 1-D array)
+    bounds = map_pieces(lambda a, b: (values[a:b].min(), values[a:b].max()), values.size)
     return min(lo for lo, _ in bounds), max(hi for _, hi in bounds)

@@ -75,12 +75,18 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
         """The CSR arrays themselves, read without blocking (through ``staging``, a
         blocking read in pieces, when given)."""
         nnz = self.value_array_sizes["values"]
+        return self.read_arrays(queue, (("row_ptr", self.index_dtype, self.shape[0] + 1),
+                                        ("col_idx", self.index_dtype, nnz),
+                                        ("values", self.dtype, nnz)), wait_for, staging)
+
+    def read_arrays(self, queue, wanted, wait_for=None, staging=None):
+        """``(arrays, events)``: the first ``size`` elements of each ``(name, dtype,
+        size)`` of ``wanted`` read into new host arrays, without blocking (the arrays are
+        filled once ``events`` complete), or through ``staging``, blocking, in pieces."""
         arrays, events = [], []
         if staging is not None and wait_for:
             cl.wait_for_events(wait_for)
-        for name, dtype, size in (("row_ptr", self.index_dtype, self.shape[0] + 1),
-                                  ("col_idx", self.index_dtype, nnz),
-                                  ("values", self.dtype, nnz)):
+        for name, dtype, size in wanted:
             host = np.empty(size, dtype)
             if size and staging is not None:
                 staging.read(self.buffers[name], host)

@@ -81,6 +81,7 @@ from .csr_common import (
     CSRFormatBase,
     default_block_mapping,
 )
+from .narrow_columns import column_offsets
 from .registry import register
 from .storage import VALUE_BITS, full_bits
 
@@ -165,23 +166,13 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
 def compress_block_columns(indices, indptr, row_blocks):
     """col_bits=16 on the host: ``(col_base, row_base, col_off)``, each row block's
     smallest column, the same per row, and every entry's offset from its block's base
-    (uint16); None when a block spans more than ``MAX_BLOCK_SPAN`` columns.  Vectorised:
-    a ``reduceat`` per bound over the blocks' entries, and a repeat of the bases."""
-    indptr = np.asarray(indptr, dtype=np.int64)
+    (uint16); None when a block spans more than ``MAX_BLOCK_SPAN`` columns."""
     blocks = np.asarray(row_blocks, dtype=np.int64)
-    nnz = int(indptr[-1]) if indptr.size else 0
-    indices = np.asarray(indices)[:nnz]
-    starts, ends = indptr[blocks[:-1]], indptr[blocks[1:]]
-    counts = ends - starts
-    base = np.zeros(blocks.size - 1, dtype=np.int64)
-    top = np.zeros(blocks.size - 1, dtype=np.int64)
-    full = counts > 0   # reduceat needs each segment non-empty: empty blocks keep 0
-    if nnz:
-        base[full] = np.minimum.reduceat(indices, starts[full])
-        top[full] = np.maximum.reduceat(indices, starts[full])
-    if blocks.size > 1 and int((top - base).max()) > MAX_BLOCK_SPAN:
+    compressed = column_offsets(indices, np.asarray(indptr, dtype=np.int64)[blocks],
+                                MAX_BLOCK_SPAN)
+    if compressed is None:
         return None
-    offsets = (indices - host_arrays.repeat(base, counts)).astype(np.uint16)
+    base, offsets = compressed
     return base, host_arrays.repeat(base, np.diff(blocks)), offsets
 
 
@@ -508,43 +499,42 @@ class CSRVector(CSRFormatBase):
         blocks = self._row_blocks(csr.indptr)   # from indptr, which is on the host too
         for name, array in blocks.items():
             blocks[name] = cla.to_device(self.device.queue, array)
-        if not self._narrow:
+        columns = self._compress_device(csr, blocks["row_blocks"]) if self._narrow else None
+        if columns is None:   # 32-bit columns: the CSR arrays as they are
             return {**super().convert_device(csr), **blocks}
-        return {**self._compress_device(csr, blocks["row_blocks"]), **blocks}
-
-    def _compress_device(self, csr, row_blocks):
-        """col_bits=16 on the device: ``csr_vector_compress`` (a group per row block)
-        finds each block's smallest column, writes the bases and the offsets, and flags
-        a block too wide; the flag, one int, is the only thing read back.  A matrix
-        with a wider block gets its 32-bit columns instead (col_bits="auto") or is
-        refused."""
         queue = self.device.queue
-        idx, m, nnz = self.index_dtype, self.shape[0], self.nnz
-        row_ptr = csr.as_type("indptr", idx, queue, copy=True)
-        offsets = cla.empty(queue, nnz, np.uint16)
-        wide = False
-        if nnz:
-            base = cla.empty(queue, self.n_blocks, idx)
-            row_base = cla.empty(queue, m, idx)
-            wg = self.params["work_group_size"]
-            wide = self.run_check(
-                queue, "csr_vector_compress", self.n_blocks * wg, wg,
-                blocks_in=row_blocks.base_data, csr_row_ptr=row_ptr.base_data,
-                csr_col_idx=csr.as_type("indices", idx, queue).base_data,
-                col_base_out=base.base_data, row_base_out=row_base.base_data,
-                col_off_out=offsets.base_data)
-        else:   # (col_bits=16 asked for) no entries: every base 0, as on the host
-            base, row_base = cla.zeros(queue, self.n_blocks, idx), cla.zeros(queue, m, idx)
-        values = self.device_values(csr, queue, copy=True)
-        if wide:
-            self._too_wide_columns()
-            arrays = {"row_ptr": row_ptr, "col_idx": csr.as_type("indices", idx, queue,
-                                                                 copy=True), "values": values}
-        else:
-            arrays = {"row_ptr": row_ptr, "col_base": base, "row_base": row_base,
-                      "col_off": offsets, "values": values}
+        arrays = {"row_ptr": csr.as_type("indptr", self.index_dtype, queue, copy=True),
+                  **columns, "values": self.device_values(csr, queue, copy=True), **blocks}
         queue.finish()   # ordered before any product, whatever the queue's order
         return arrays
+
+    def _compress_device(self, csr, row_blocks):
+        """col_bits=16 on the device: the column arrays (``col_base``, ``row_base``,
+        ``col_off``), made by ``csr_vector_compress`` (a group per row block), which
+        finds each block's smallest column, writes the bases and the offsets, and flags
+        a block too wide; the flag, one int, is the only thing read back.  None for a
+        matrix with a wider block, after falling back to 32-bit columns
+        (col_bits="auto"; col_bits=16 is refused)."""
+        queue = self.device.queue
+        idx, m, nnz = self.index_dtype, self.shape[0], self.nnz
+        if not nnz:   # (col_bits=16 asked for) no entries: every base 0, as on the host
+            return {"col_base": cla.zeros(queue, self.n_blocks, idx),
+                    "row_base": cla.zeros(queue, m, idx),
+                    "col_off": cla.empty(queue, 0, np.uint16)}
+        columns = {"col_base": cla.empty(queue, self.n_blocks, idx),
+                   "row_base": cla.empty(queue, m, idx),
+                   "col_off": cla.empty(queue, nnz, np.uint16)}
+        wg = self.params["work_group_size"]
+        if self.run_check(queue, "csr_vector_compress", self.n_blocks * wg, wg,
+                          blocks_in=row_blocks.base_data,
+                          csr_row_ptr=csr.as_type("indptr", idx, queue).base_data,
+                          csr_col_idx=csr.as_type("indices", idx, queue).base_data,
+                          col_base_out=columns["col_base"].base_data,
+                          row_base_out=columns["row_base"].base_data,
+                          col_off_out=columns["col_off"].base_data):
+            self._too_wide_columns()
+            return None
+        return columns
 
     def _too_wide_columns(self):
         """A row block spans more than 16 bits of columns: with col_bits="auto", 32-bit
@@ -566,23 +556,17 @@ class CSRVector(CSRFormatBase):
         if not self._narrow:
             return super().read_csr(queue, wait_for, staging)
         nnz = self.value_array_sizes["values"]
-        if wait_for:
-            cl.wait_for_events(wait_for)
-        host = {}
-        for name, dtype, size in (("row_ptr", self.index_dtype, self.shape[0] + 1),
-                                  ("row_base", self.index_dtype, self.shape[0]),
-                                  ("col_off", np.uint16, nnz),
-                                  ("values", self.value_dtype, nnz)):
-            host[name] = np.empty(size, dtype)
-            if size and staging is not None:
-                staging.read(self.buffers[name], host[name])
-            elif size:
-                cl.enqueue_copy(queue, host[name], self.buffers[name], is_blocking=True)
-        indptr = host["row_ptr"]
-        cols = host_arrays.repeat(host["row_base"], np.diff(indptr.astype(np.int64)))
-        host_arrays.add_in_pieces(cols, host["col_off"])   # (the GIL let go: a thread's)
+        (indptr, row_base, offsets, values), events = self.read_arrays(
+            queue, (("row_ptr", self.index_dtype, self.shape[0] + 1),
+                    ("row_base", self.index_dtype, self.shape[0]),
+                    ("col_off", np.uint16, nnz), ("values", self.value_dtype, nnz)),
+            wait_for, staging)
+        if events:
+            cl.wait_for_events(events)
+        cols = host_arrays.repeat(row_base, np.diff(indptr.astype(np.int64)))
+        host_arrays.add_in_pieces(cols, offsets)   # (the GIL let go: a thread's)
         return [indptr, cols.astype(self.index_dtype, copy=False),
-                host["values"].astype(self.dtype, copy=False)], []
+                values.astype(self.dtype, copy=False)], []
 
     def _row_blocks(self, indptr):
         """The adaptive mapping's row blocks (each holds at most one row per work-item

@@ -51,6 +51,7 @@ from .base import (
     skewed_rows,
 )
 from .lanes import LANE_COLUMNS, LanesBlocks
+from .narrow_columns import column_offsets
 from .registry import register
 from .storage import VALUE_BITS, full_bits
 
@@ -75,19 +76,7 @@ def compress_columns(col_idx, slice_ptr):
     """``(col_base, col_off)`` of ``col_idx`` (padding -1) in slices ``slice_ptr``: each
     slice's smallest column and the uint16 offsets from it (PAD_OFFSET for padding), or
     None when a slice spans PAD_OFFSET columns or more."""
-    counts = np.diff(slice_ptr)
-    filled = counts > 0
-    starts = slice_ptr[:-1][filled]
-    real = col_idx >= 0
-    base = np.zeros(counts.size, dtype=np.int64)
-    if starts.size:   # a slice of width > 0 holds at least one real entry
-        low = np.minimum.reduceat(np.where(real, col_idx, np.iinfo(np.int64).max), starts)
-        high = np.maximum.reduceat(col_idx, starts)
-        if np.any(high - low >= PAD_OFFSET):
-            return None
-        base[filled] = low
-    offsets = col_idx - host_arrays.repeat(base, counts)
-    return base, np.where(real, offsets, PAD_OFFSET).astype(np.uint16)
+    return column_offsets(col_idx, slice_ptr, PAD_OFFSET - 1, pad=PAD_OFFSET)
 
 # sigma="auto": the smallest window (1, then LADDER_STEP**k * C rows, then the whole
 # matrix) whose padding is within AUTO_SIGMA_SLACK of the whole-matrix sort's.  Small
