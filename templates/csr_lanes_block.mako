@@ -15,30 +15,48 @@ ${c.lanes_row()}
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
 % if col_bits == 16:
-        // csr-vector's col_bits=16: the row's base plus each entry's 16-bit offset.
+        // csr-vector's col_bits=16: the row's base plus each entry's 16-bit offset; with
+        // col_escape, a row of a wide block (base -1 - the position of its first column
+        // in col_wide) reads col_wide, in a loop of its own (a choice per entry is
+        // slow: csr_vector.mako).
         const index_t base = row_base[row];
 #define COLUMN(j) (base + (index_t)col_off[j])
 % else:
 #define COLUMN(j) col_idx[j]
+% endif
+% if col_bits == 16 and col_escape:
+        const index_t wide_at = -1 - base - row_ptr[row];
+#define WIDE(j) col_wide[(j) + wide_at]
 % endif
         __global const real_t *xl = x + x_col + lane;
         index_t j = row_ptr[row];
         // Two entries in turn, each with sums of its own: more loads of x in flight.
 ${c.lane_sums("s")}
 ${c.lane_sums("t")}
+<%def name="entries(col)">
         for (; j + 1 < end; j += 2) {
             const real_t a = LOADV(j, values);
             const real_t b = LOADV(j + 1, values);
-            __global const real_t *xa = xl + (long)COLUMN(j) * ldx;
-            __global const real_t *xb = xl + (long)COLUMN(j + 1) * ldx;
+            __global const real_t *xa = xl + (long)${col}(j) * ldx;
+            __global const real_t *xb = xl + (long)${col}(j + 1) * ldx;
 ${c.lane_fma("s", "a", "xa")}
 ${c.lane_fma("t", "b", "xb")}
         }
         if (j < end) {
             const real_t a = LOADV(j, values);
-            __global const real_t *xa = xl + (long)COLUMN(j) * ldx;
+            __global const real_t *xa = xl + (long)${col}(j) * ldx;
 ${c.lane_fma("s", "a", "xa")}
         }
+</%def>
+% if col_bits == 16 and col_escape:
+        if (base < 0) {
+${entries("WIDE")}
+        } else {
+${entries("COLUMN")}
+        }
+% else:
+${entries("COLUMN")}
+% endif
 ${c.lane_add("s", "t")}
 ${c.store_y_lane("row", "s")}
     }

@@ -143,21 +143,47 @@ ${c.store_y("r", "sum")}
 #define WG ${work_group_size}
 #define WINDOW ${window}
 ${c.streamed_loads(streamed_loads)}
-## col_bits=16: a column is the block's base plus a 16-bit offset (csr_vector.py).
+## col_bits=16: a column is the block's base plus a 16-bit offset (csr_vector.py).  With
+## col_escape, a wide block (base < 0) skips the window loop and runs a second one that
+## reads its 32-bit columns from col_wide (WIDE); a narrow block skips that one.  On an
+## H100 (cage10 x133 with one wide block, float32) the main loop stays as fast as
+## without the escape (61 us); choosing the column's source per entry took 81 us, per
+## window 67 (as slow as 32 bits), and a second kernel for the wide blocks 70.
 % if col_bits == 16 and streamed_loads:
 #define COLUMN(j) (block_base + (index_t)evict_first_u16(col_off + (j)))
+#define WIDE(j) STREAMI(col_wide + (j) + wide_at)
 % elif col_bits == 16:
 #define COLUMN(j) (block_base + (index_t)col_off[j])
+#define WIDE(j) col_wide[(j) + wide_at]
 % elif streamed_loads:
 #define COLUMN(j) STREAMI(col_idx + (j))
 % else:
 #define COLUMN(j) col_idx[j]
 % endif
 % if streamed_loads:
-#define PRODUCT(j) MUL(STREAMV(values + (j)), x[COLUMN(j)])
+#define PRODUCT_OF(j, COL) MUL(STREAMV(values + (j)), x[COL(j)])
 % else:
-#define PRODUCT(j) MUL(LOADV(j, values), x[COLUMN(j)])
+#define PRODUCT_OF(j, COL) MUL(LOADV(j, values), x[COL(j)])
 % endif
+## The window loop over the block's entries begin..stop, columns from COL: WINDOW
+## products at a time into local memory, then each work-item adds its row's share.
+<%def name="window_loop(col, stop)">
+    for (index_t window = begin; window < ${stop}; window += WINDOW) {
+% for k in range(items_per_thread):
+        {
+            const index_t j = window + ${k * work_group_size} + (index_t)lid;
+            products[${k * work_group_size} + lid] =
+                (j < ${stop}) ? PRODUCT_OF(j, ${col}) : (real_t)0;
+        }
+% endfor
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const index_t hi = min(row_end, window + WINDOW);
+        for (index_t j = max(row_begin, window) + (index_t)sub; j < hi; j += tpr)
+            sum += products[j - window];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+</%def>
+<% escape = col_bits == 16 and col_escape %>
 
 ${signature("csr_vector")}
 {
@@ -166,17 +192,24 @@ ${signature("csr_vector")}
     const index_t first = row_blocks[get_group_id(0)];
     const index_t last = row_blocks[get_group_id(0) + 1];
     const index_t begin = row_ptr[first];
-    const index_t end = row_ptr[last];
 % if col_bits == 16:
     const index_t block_base = col_base[get_group_id(0)];
+% endif
+% if escape:
+    // A wide block (base < 0) has no entries in the first loop (kept as short-lived
+    // as without the escape: more state live through it made float64 slower).
+    const index_t end = block_base < 0 ? begin : row_ptr[last];
+% else:
+    const index_t end = row_ptr[last];
 % endif
     // The block's entries go through local memory WINDOW products at a time, read
     // consecutively by the group (coalesced, and neighbouring entries gather
     // neighbouring x).  Then each row of the block is added up by TPR work-items, the
     // most that fit the group (a power of two): one work-item a row when the block
     // holds WG short rows, the whole group for a single long row.  Their partial sums
-    // are combined at the end.  Every barrier is outside any branch: PoCL hangs on
-    // barriers inside a branch, even a uniform one.
+    // are combined at the end.  Every barrier is outside any branch (the loops' trip
+    // counts are the group's): PoCL hangs on barriers inside a branch, even a uniform
+    // one.
     const uint n_rows = (uint)(last - first);   // 1..WG
     uint tpr = WG;
     while (tpr * n_rows > WG)
@@ -187,19 +220,18 @@ ${signature("csr_vector")}
     const index_t row_begin = has_row ? row_ptr[row] : 0;
     const index_t row_end = has_row ? row_ptr[row + 1] : 0;
     real_t sum = 0;
-    for (index_t window = begin; window < end; window += WINDOW) {
-% for k in range(items_per_thread):
-        {
-            const index_t j = window + ${k * work_group_size} + (index_t)lid;
-            products[${k * work_group_size} + lid] = (j < end) ? PRODUCT(j) : (real_t)0;
-        }
-% endfor
-        barrier(CLK_LOCAL_MEM_FENCE);
-        const index_t hi = min(row_end, window + WINDOW);
-        for (index_t j = max(row_begin, window) + (index_t)sub; j < hi; j += tpr)
-            sum += products[j - window];
-        barrier(CLK_LOCAL_MEM_FENCE);
+% if escape:
+${window_loop("COLUMN", "end")}
+    {   // ... and all of them in the second, which a narrow block skips
+        const index_t wide_end = block_base < 0 ? row_ptr[row_blocks[get_group_id(0) + 1]]
+                                                : begin;
+        // (a wide block's base is -1 - the position of its first column in col_wide)
+        const index_t wide_at = -1 - block_base - begin;
+${window_loop("WIDE", "wide_end")}
     }
+% else:
+${window_loop("COLUMN", "end")}
+% endif
     // The window loop ended with a barrier: products can be overwritten.
     products[lid] = sum;
 % if reduction == "tree":
@@ -226,8 +258,9 @@ ${c.store_y("row", "sum")}
 
 ## col_bits=16 on the device: a group per row block finds the block's smallest and
 ## largest column (a tree over the group), writes the base for the block and its rows
-## and each entry's offset, and flags a block spanning more than 0xFFFF columns (the
-## host then takes 32-bit columns or refuses the matrix).
+## and each entry's offset, and flags a block spanning more than 0xFFFF columns: its
+## base is -1 and its offsets 0 (the host then takes 32-bit columns, or has
+## csr_vector_widen write the block's escape).
 ${signature("csr_vector_compress")}
 {
     __local index_t lows[WG];
@@ -255,17 +288,37 @@ ${signature("csr_vector_compress")}
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const index_t base = lows[0];
+    const bool wide = highs[0] - lows[0] > 0xFFFF;
+    const index_t base = wide ? -1 : lows[0];
     if (lid == 0) {
         col_base_out[b] = base;
-        if (highs[0] - base > 0xFFFF)
+        if (wide)
             atomic_max((volatile __global int *)bad, 1);
     }
     for (index_t r = first + (index_t)lid; r < last; r += WG)
         row_base_out[r] = base;
     for (index_t j = begin + (index_t)lid; j < end; j += WG)
-        col_off_out[j] = (ushort)(csr_col_idx[j] - base);
+        col_off_out[j] = wide ? (ushort)0 : (ushort)(csr_col_idx[j] - base);
 }
+% if col_escape:
+
+## The wide blocks (widen_blocks, whose first column goes to widen_at in col_wide; the
+## host's prefix sum of their sizes), a group each: their bases (-1 - the position of
+## their first column in col_wide, a row's of its first), and their columns copied.
+${signature("csr_vector_widen")}
+{
+    const uint lid = get_local_id(0);
+    const index_t b = widen_blocks[get_group_id(0)], at = widen_at[get_group_id(0)];
+    const index_t first = blocks_in[b], last = blocks_in[b + 1];
+    const index_t begin = csr_row_ptr[first], end = csr_row_ptr[last];
+    if (lid == 0)
+        col_base_out[b] = -1 - at;
+    for (index_t r = first + (index_t)lid; r < last; r += WG)
+        row_base_out[r] = -1 - (at + csr_row_ptr[r] - begin);
+    for (index_t j = begin + (index_t)lid; j < end; j += WG)
+        col_wide_out[at + j - begin] = csr_col_idx[j];
+}
+% endif
 % endif
 % else:
 <% rows_per_group = work_group_size // vector_size %>

@@ -135,6 +135,55 @@ def corpus(rng):
     }
 
 
+def wide_columns(rng):
+    """40 rows over 70,001 columns: each row's columns within 1,700 of ``1700 * row``,
+    so groups of a few rows span less than 16 bits, but rows 0, 21 and 39 reach across
+    the matrix (their row blocks too wide for csr-vector's 16-bit offsets: escaped)."""
+    rows, n = 40, 70_001
+    lengths = rng.integers(0, 6, rows)
+    lengths[7], lengths[30] = 0, 12
+    cols = [1700 * r + rng.choice(1700, k, replace=False) for r, k in enumerate(lengths)]
+    r_idx = np.concatenate([np.repeat(np.arange(rows), lengths), [0, 21, 39]])
+    c_idx = np.concatenate([*cols, [n - 1, 3, 0]])
+    return sp.csr_matrix((rng.standard_normal(r_idx.size), (r_idx, c_idx)),
+                         shape=(rows, n))
+
+
+#: csr-vector's escaped 16-bit columns (wide_columns): small groups, so that narrow and
+#: wide row blocks alternate; "auto" keeps 16 bits there (few entries escape).
+WIDE_COLUMN_VARIANTS = [
+    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 2, "col_bits": 16},
+    {"mapping": "adaptive", "work_group_size": 8, "items_per_thread": 3, "col_bits": "auto"},
+    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 3, "col_bits": 16,
+     "index_bits": 64},
+]
+
+
+def wide_columns_pass(device, dtypes, rng, summary):
+    """csr-vector's escape (col_wide): device conversion (compress, then widen), single
+    and block products (the lanes kernel) and a value update, each variant and dtype."""
+    A = wide_columns(rng)
+    t0 = time.perf_counter()
+    for params in WIDE_COLUMN_VARIANTS:
+        for dtype in dtypes:
+            if dtype == np.float64 and not device.profile.fp64:
+                continue
+            where = f"csr-vector/wide-columns/{dtype.name} {params}"
+            try:
+                op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, **params)
+                KEEP.append(op)
+                assert op._impl.col_escape and op.params["col_bits"] == 16, where
+                summary["operators"] += 1
+                if op._impl.converting_on_device:   # (Oclgrind is a GPU: compress, widen)
+                    counts = summary["device_conversions"]
+                    counts["csr-vector"] = counts.get("csr-vector", 0) + 1
+                summary["products"] += products(op, A, dtype, rng, full=True)
+                summary["products"] += value_update(op, A, dtype, rng)
+            except Exception:
+                summary["failures"].append(f"{where}: " + traceback.format_exc(limit=3))
+    summary["per_format_s"]["csr-vector/wide-columns"] = round(time.perf_counter() - t0, 2)
+
+
 def as_stored(A, op):
     """A with its values as ``op`` stores them (value_bits: rounded to the stored
     type), the matrix its products must match at ``op.dtype``'s accuracy."""
@@ -362,6 +411,8 @@ def main(argv=None):
                         help="the complex64 pass alone (no real pass)")
     parser.add_argument("--wide-complex-blocks", action="store_true",
                         help="the complex pass: block variants only, with width-8 blocks")
+    parser.add_argument("--wide-columns", action="store_true",
+                        help="csr-vector's escaped 16-bit columns alone (no other pass)")
     parser.add_argument("--quick", action="store_true",
                         help="each format's defaults, natively and under a GPU profile, "
                         "and its value_bits variants")
@@ -377,7 +428,10 @@ def main(argv=None):
     summary = {"device": device.profile.name, "formats": names, "operators": 0,
                "products": 0, "refused": [], "failures": [], "per_format_s": {},
                "device_conversions": {}, "value_updates": 0}
-    for name in [] if args.only_complex or args.wide_complex_blocks else names:
+    if args.wide_columns:
+        wide_columns_pass(device, dtypes, rng, summary)
+    for name in [] if (args.only_complex or args.wide_complex_blocks
+                       or args.wide_columns) else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes, quick in variants(name):

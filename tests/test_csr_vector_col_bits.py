@@ -1,8 +1,9 @@
 """csr-vector's 16-bit columns (``col_bits``, adaptive mapping): the host and device
 conversions against a direct computation, products against scipy (poisoned outputs,
-alpha/beta, complex values, block products through the lanes kernel), the fall-back to
-32 bits and the refusal for a block too wide, the read-back as CSR, value updates and
-transposed products, the defaults and the parameter checks."""
+alpha/beta, complex values, block products through the lanes kernel), the escape of
+blocks too wide (``col_wide``) and "auto"'s fall-back to 32 bits when they hold most
+entries, the read-back as CSR, value updates and transposed products, the defaults and
+the parameter checks."""
 
 import numpy as np
 import pyopencl.array as cla
@@ -12,8 +13,8 @@ from conftest import DTYPES, assert_cclose, poisoned, skip_without_fp64
 from matrix_cases import CASES, check_against_scipy, check_all, read_back
 
 import pyspmv_cl as psc
-from pyspmv_cl.errors import FormatNotSuitableError, InvalidParameterError
-from pyspmv_cl.formats.csr_vector import MAX_BLOCK_SPAN, adaptive_row_blocks
+from pyspmv_cl.errors import InvalidParameterError
+from pyspmv_cl.formats.csr_vector import AUTO_MAX_WIDE_SHARE, MAX_BLOCK_SPAN, adaptive_row_blocks
 
 GPU = dict(simd_width=32, device_type="gpu")
 ADAPTIVE = {"mapping": "adaptive", "work_group_size": 16, "items_per_thread": 3}
@@ -35,6 +36,27 @@ def wide(rng, n=70_000):
     return A.tocsr()
 
 
+def few_wide(rng, n=70_000):
+    """Banded, but a few row blocks span more than 16 bits: far columns in the first
+    and last rows, in two neighbouring rows, and in a long row (a block of its own),
+    with empty rows around them."""
+    A = banded(rng, n, 3, density=0.0001).tolil()
+    A[0, n - 1] = 2.5
+    A[n - 1, 0] = -1.5
+    A[5000, 69_000] = 0.5
+    A[5001, 100] = 0.25
+    A[40_000, :] = 0.0
+    A[40_000, ::97] = rng.standard_normal(len(range(0, n, 97)))
+    for r in (39_998, 39_999, 40_001):
+        A[r, :] = 0.0
+    return A.tocsr()
+
+
+def mostly_wide(rng, rows=3000, n=70_000):
+    """Random columns over 70,000: every row block spans more than 16 bits."""
+    return sp.random(rows, n, density=0.002, random_state=rng, format="csr")
+
+
 def on_device(device, A, dtype):
     q = device.queue
     return (cla.to_device(q, A.data.astype(dtype)), cla.to_device(q, A.indices),
@@ -49,18 +71,29 @@ def make(device, A, dtype, where, **params):
 
 
 def expected_columns(A, wg, items):
-    """col_base, row_base, col_off computed entry by entry from the row blocks."""
+    """col_base, row_base, col_off and col_wide computed block by block from the row
+    blocks: a block spanning more than MAX_BLOCK_SPAN columns appends its columns to
+    col_wide, and its base (a row's) is -1 - where its first column went there."""
     blocks = adaptive_row_blocks(A.indptr, wg, wg * items)
     col_base = np.zeros(blocks.size - 1, np.int64)
     row_base = np.zeros(A.shape[0], np.int64)
     offsets = np.zeros(A.nnz, np.int64)
+    col_wide = []
     for b in range(blocks.size - 1):
         lo, hi = A.indptr[blocks[b]], A.indptr[blocks[b + 1]]
-        base = A.indices[lo:hi].min() if hi > lo else 0
+        cols = A.indices[lo:hi]
+        if hi > lo and cols.max() - cols.min() > MAX_BLOCK_SPAN:
+            at = len(col_wide)
+            col_base[b] = -1 - at
+            for r in range(blocks[b], blocks[b + 1]):
+                row_base[r] = -1 - (at + A.indptr[r] - lo)
+            col_wide.extend(cols)
+            continue
+        base = cols.min() if hi > lo else 0
         col_base[b] = base
         row_base[blocks[b]:blocks[b + 1]] = base
-        offsets[lo:hi] = A.indices[lo:hi] - base
-    return col_base, row_base, offsets
+        offsets[lo:hi] = cols - base
+    return col_base, row_base, offsets, np.array(col_wide, np.int64)
 
 
 @pytest.mark.parametrize("where", ["host", "device"])
@@ -74,8 +107,8 @@ def test_arrays_and_products(device, dtype, where):
     op = make(device, A, dtype, where, col_bits=16, **ADAPTIVE)
     assert op.params["col_bits"] == 16
     arrays = read_back(op, types={"col_off": np.uint16})
-    assert "col_idx" not in arrays
-    col_base, row_base, offsets = expected_columns(A, 16, 3)
+    assert "col_idx" not in arrays and "col_wide" not in arrays
+    col_base, row_base, offsets, _ = expected_columns(A, 16, 3)
     np.testing.assert_array_equal(arrays["col_base"][:col_base.size], col_base)
     np.testing.assert_array_equal(arrays["row_base"][:A.shape[0]], row_base)
     np.testing.assert_array_equal(arrays["col_off"][:A.nnz], offsets)
@@ -126,22 +159,77 @@ def test_block_products_lanes(device, k):
 
 
 @pytest.mark.parametrize("where", ["host", "device"])
-def test_auto_falls_back_and_16_refuses(device, where):
-    """A block spanning more than 16 bits: "auto" takes 32-bit columns (correct
-    products), 16 is refused with a message naming the way out."""
+@with_dtypes
+def test_wide_blocks_escape(device, dtype, where):
+    """A few blocks spanning more than 16 bits keep 32-bit columns in col_wide: "auto"
+    takes 16 bits, the arrays match a direct computation, and single products, block
+    products (the lanes kernel, on a GPU-shaped profile), the read-back as CSR,
+    update_values and A^T are right."""
+    skip_without_fp64(device, dtype)
     rng = np.random.default_rng(13)
-    A = wide(rng)
+    A = few_wide(rng)
+    col_base, row_base, offsets, col_wide = expected_columns(A, 16, 3)
+    assert 0 < col_wide.size < AUTO_MAX_WIDE_SHARE * A.nnz and (col_base >= 0).any()
+    op = make(device, A, dtype, where, col_bits="auto", **ADAPTIVE)
+    assert op.params["col_bits"] == 16 and op._impl.col_escape
+    arrays = read_back(op, types={"col_off": np.uint16})
+    assert "col_idx" not in arrays
+    np.testing.assert_array_equal(arrays["col_base"][:col_base.size], col_base)
+    np.testing.assert_array_equal(arrays["row_base"][:A.shape[0]], row_base)
+    np.testing.assert_array_equal(arrays["col_off"][:A.nnz], offsets)
+    np.testing.assert_array_equal(arrays["col_wide"][:col_wide.size], col_wide)
+    check_all(op, A, dtype, rng)
+    (indptr, indices, data), _ = op._impl.read_csr(op.queue)
+    np.testing.assert_array_equal(indices, A.indices)
+    new = rng.standard_normal(A.nnz)
+    op.update_values(new.astype(dtype))
+    B = sp.csr_matrix((new, A.indices, A.indptr), shape=A.shape)
+    check_all(op, B, dtype, rng)
+    x = rng.standard_normal(A.shape[0])
+    check_against_scipy(op.T.matvec(x, out=poisoned(A.shape[1], dtype)), B.T.tocsr(), x,
+                        dtype)
+    lanes = make(device.override(**GPU), A, dtype, where, col_bits=16,
+                 block_mapping="lanes", **ADAPTIVE)
+    assert lanes._impl.col_escape
+    X = rng.standard_normal((A.shape[1], 5))
+    Y = lanes.matmat(X, out=poisoned((A.shape[0], 5), dtype))
+    for j in range(5):
+        check_against_scipy(Y[:, j], A, X[:, j], dtype)
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_mostly_wide_auto_takes_32(device, where):
+    """Blocks spanning more than 16 bits hold most entries: "auto" takes 32-bit columns
+    (no col_off); col_bits=16 escapes every such block and is right too."""
+    rng = np.random.default_rng(31)
+    A = mostly_wide(rng)
     op = make(device, A, np.float32, where, col_bits="auto", **ADAPTIVE)
-    assert op.params["col_bits"] == 32
+    assert op.params["col_bits"] == 32 and not op._impl.col_escape
     assert "col_idx" in op._impl.buffers and "col_off" not in op._impl.buffers
     check_all(op, A, np.float32, rng)
-    with pytest.raises(FormatNotSuitableError, match="col_bits=32"):
-        make(device, A, np.float32, where, col_bits=16, **ADAPTIVE)
+    narrow = make(device, A, np.float32, where, col_bits=16, **ADAPTIVE)
+    assert narrow.params["col_bits"] == 16 and narrow._impl.n_wide > A.nnz // 2
+    check_all(narrow, A, np.float32, rng)
+    (indptr, indices, data), _ = narrow._impl.read_csr(narrow.queue)
+    np.testing.assert_array_equal(indices, A.indices)
+
+
+def test_one_wide_block_escapes_not_refused(device):
+    """A single wide block (row 0 spans the matrix) no longer refuses col_bits=16 or
+    turns "auto" to 32 bits: it escapes, host and device alike."""
+    rng = np.random.default_rng(37)
+    A = wide(rng)
+    for where in ("host", "device"):
+        for bits in (16, "auto"):
+            op = make(device, A, np.float32, where, col_bits=bits, **ADAPTIVE)
+            assert op.params["col_bits"] == 16 and op._impl.col_escape
+            assert 0 < op._impl.n_wide < 100
+            check_all(op, A, np.float32, rng)
 
 
 def test_span_limit_is_inclusive(device):
     """A block spanning exactly MAX_BLOCK_SPAN columns fits (offset 65535), one more
-    does not."""
+    does not (the only block: "auto" takes 32 bits)."""
     rng = np.random.default_rng(17)
     for span, fits in ((MAX_BLOCK_SPAN, True), (MAX_BLOCK_SPAN + 1, False)):
         A = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array([0, span, 1]),

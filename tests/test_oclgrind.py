@@ -278,13 +278,14 @@ def test_all_formats_clean_under_oclgrind(scope):
     assert summary["value_updates"] >= 2 * len(summary["formats"])
 
 
-def run_complex_pass(driver_args, flags=OCLGRIND_FLAGS):
-    """The driver's complex64 pass alone under Oclgrind: its summary, no findings."""
+def run_pass(driver_args, flags=OCLGRIND_FLAGS):
+    """One of the driver's passes alone under Oclgrind (the complex64 one, the wide
+    columns one): its summary, no findings."""
     proc, seconds = run_under_oclgrind([str(DRIVER), *driver_args], flags=flags)
     findings = oclgrind_findings(proc.stderr)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     summary = json.loads(lines[-1]) if lines else {}
-    print(f"Oclgrind complex pass {driver_args}: {seconds:.0f} s, "
+    print(f"Oclgrind pass {driver_args}: {seconds:.0f} s, "
           f"{summary.get('operators')} operators, {summary.get('products')} products")
     assert not findings, "Oclgrind reported:\n" + "\n".join(findings.splitlines()[:80])
     assert proc.returncode == 0 and summary, (proc.stdout[-4000:], proc.stderr[-4000:])
@@ -298,7 +299,7 @@ def test_complex_clean_under_oclgrind():
     COMPLEX_VARIANTS (csr-vector's merge mapping) on the corpus, and the block variants
     of format_variants.py (csr-scalar, csr-vector's row mapping, ell, sell's two
     mappings) with blocks of width 4, 2 and 1, A^H's too."""
-    summary = run_complex_pass(["--only-complex"])
+    summary = run_pass(["--only-complex"])
     complex_formats = {n for n in psc.formats() if get_format(n).complex_values}
     timed = summary["per_format_s"]
     assert {n for n in complex_formats if n + "/complex" in timed} == complex_formats
@@ -310,11 +311,22 @@ def test_complex_clean_under_oclgrind():
                                     + variant_operators)
 
 
+@pytest.mark.exhaustive
+def test_wide_columns_clean_under_oclgrind():
+    """csr-vector's escaped 16-bit columns (row blocks spanning more than 16 bits keep
+    32-bit columns in col_wide): the compress and widen kernels, single and block
+    products and a value update, float32 and float64, under every flag (about 40 s
+    here: the exhaustive run)."""
+    summary = run_pass(["--wide-columns"])
+    assert summary["operators"] == 6 and summary["products"] >= 6 * 5
+    assert summary["device_conversions"] == {"csr-vector": 6}
+
+
 def test_wide_complex_blocks_under_oclgrind():
     """Width-8 complex blocks (16 lanes) under --data-races --check-api (out-of-bounds
     accesses, races, API misuse): Oclgrind 21.10's --uninitialized misreads their
     lane swaps (test_sixteen_lane_shuffle_false_positive)."""
-    summary = run_complex_pass(["--wide-complex-blocks", "--formats",
+    summary = run_pass(["--wide-complex-blocks", "--formats",
                                 ",".join(COMPLEX_BLOCK_VARIANTS)],
                                flags=[f for f in OCLGRIND_FLAGS if f != "--uninitialized"])
     assert summary["operators"] == 2 * sum(len(v) for v in COMPLEX_BLOCK_VARIANTS.values())

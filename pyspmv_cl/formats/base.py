@@ -32,7 +32,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyopencl as cl
-import pyopencl.array as cla
 
 from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
 from ..device_inputs import DeviceCSR
@@ -657,11 +656,14 @@ class SpMVFormat:
         """Run one check kernel on ``queue`` (every argument by name but ``bad``: an int
         it sets to 1 where it finds what it looks for) and return whether it did (one
         int read back, blocking)."""
-        bad = cla.zeros(queue, 1, np.int32)
-        self.run_now(queue, [self.step(kernel, global_size, local_size, bad=bad.base_data,
+        # (made from a host zero, not filled: Oclgrind 21.10 leaves a filled buffer's
+        # shadow "uninitialised", and the flag's atomic then reads it)
+        flag = np.zeros(1, np.int32)
+        bad = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                        hostbuf=flag)
+        self.run_now(queue, [self.step(kernel, global_size, local_size, bad=bad,
                                        **values)], finish=False)
-        flag = np.empty(1, np.int32)
-        cl.enqueue_copy(queue, flag, bad.base_data, is_blocking=True)
+        cl.enqueue_copy(queue, flag, bad, is_blocking=True)
         return bool(flag[0])
 
     def values_in_csr_order(self, queue, indptr):

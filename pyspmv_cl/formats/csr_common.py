@@ -48,6 +48,8 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
 
     converts_on_device = True
     host_conversion_is_cast = True
+    #: csr-vector's col_bits=16 with row blocks too wide for it (their columns in col_wide)
+    col_escape = False
 
     # -- block products: the lanes kernel (formats/lanes.py) when block_mapping="lanes"
     lanes_template = "csr_lanes_block.mako"
@@ -62,7 +64,7 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
 
     def template_params(self):
         return {"value_bits": self.params.get("value_bits"),
-                "col_bits": self.params.get("col_bits", 32)}
+                "col_bits": self.params.get("col_bits", 32), "col_escape": self.col_escape}
 
     def convert(self, csr):
         return {

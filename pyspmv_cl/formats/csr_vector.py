@@ -24,12 +24,16 @@ work-item per row), and around long rows.  One launch; no scratch.
 (``col_off``) from its row block's smallest column (``col_base``, one index per block;
 ``row_base``, the same per row, for the lanes block kernel): 2 bytes an entry instead of
 4, for blocks spanning at most 65535 columns (banded, finite-element and reordered
-matrices, and any matrix of at most 65536 columns).  A matrix with a wider block is
-refused (``FormatNotSuitableError``).  ``col_bits="auto"`` (the GPU default of the
-adaptive mapping) takes 16 bits where every block fits and 32 otherwise: the conversion
-finds out (on the device, ``csr_vector_compress``: one flag read back) and builds the
-32-bit kernel instead.  On an H100 (20M non-zeros) 16-bit columns ran 3-11% faster on
-every matrix that fits (BENCHMARKS.md, #18).
+matrices, and any matrix of at most 65536 columns).  A wider block escapes: its columns
+stay 32-bit in ``col_wide`` (its base is ``-1 -`` their position there, and its rows'
+likewise; its offsets are 0, never read), and the kernels, built with ``col_escape``,
+run a second window loop over ``col_wide`` that only wide blocks enter (the first,
+only narrow ones).  ``col_bits="auto"`` (the GPU default of the adaptive mapping)
+takes 16 bits unless the wide blocks hold more than ``AUTO_MAX_WIDE_SHARE`` of the
+entries, then 32: the conversion finds out (on the device, ``csr_vector_compress``: one
+flag read back, and the bases when a block is wide) and builds the kernels again.  On
+an H100 (20M non-zeros) 16-bit columns ran 3-11% faster on every matrix that fits
+(BENCHMARKS.md, #18).
 
 ``mapping="merge"``: after Merrill & Garland's merge-based SpMV (SC16), on the plain CSR
 arrays.  The ``m`` row ends and the ``nnz`` entries form one merged sequence of
@@ -69,7 +73,7 @@ from ..codegen import (
     scalar,
     scratch,
 )
-from ..errors import FormatNotSuitableError, InvalidParameterError
+from ..errors import InvalidParameterError
 from . import params as P
 from .base import BLOCK_WIDTHS, csr_bytes, fits_int32, launch_rows, pow2_floor, round_up
 from .csr_common import (
@@ -81,7 +85,7 @@ from .csr_common import (
     CSRFormatBase,
     default_block_mapping,
 )
-from .narrow_columns import column_offsets
+from .narrow_columns import segment_bounds
 from .registry import register
 from .storage import VALUE_BITS, full_bits
 
@@ -101,6 +105,12 @@ MERGE_DEFAULT = {"work_group_size": 128, "items_per_thread": 8}
 MERGE_DEFAULT_CPU = {"work_group_size": 64, "items_per_thread": 32}
 #: col_bits=16: the widest span of columns a row block may have (offsets 0..65535).
 MAX_BLOCK_SPAN = 0xFFFF
+#: col_bits="auto": 16-bit columns unless the blocks wider than ``MAX_BLOCK_SPAN``, kept
+#: in 32 bits, hold more than this share of the entries (then 32 bits throughout).  A
+#: guess, not a measurement: the escape's second loop cost up to 5% on an H100 (cage10
+#: x133 with one wide block against none), and with half the entries escaped the
+#: columns still take a quarter fewer bytes.
+AUTO_MAX_WIDE_SHARE = 0.5
 
 
 def adaptive_shape(dtype):
@@ -164,16 +174,33 @@ def adaptive_row_blocks(indptr, rows_per_block, window):
 
 
 def compress_block_columns(indices, indptr, row_blocks):
-    """col_bits=16 on the host: ``(col_base, row_base, col_off)``, each row block's
-    smallest column, the same per row, and every entry's offset from its block's base
-    (uint16); None when a block spans more than ``MAX_BLOCK_SPAN`` columns."""
+    """col_bits=16 on the host: ``(col_base, row_base, col_off, col_wide)``.  For a row
+    block spanning at most ``MAX_BLOCK_SPAN`` columns: its smallest column (also each of
+    its rows'), and its entries' uint16 offsets from it.  For a wider one: ``-1 - w``,
+    where ``w`` is the position in ``col_wide`` (its entries' 32-bit columns, the wide
+    blocks' one after another) of its first entry (a row's: of the row's first entry),
+    and offsets 0.  Vectorised: ``segment_bounds``, repeats and masks."""
     blocks = np.asarray(row_blocks, dtype=np.int64)
-    compressed = column_offsets(indices, np.asarray(indptr, dtype=np.int64)[blocks],
-                                MAX_BLOCK_SPAN)
-    if compressed is None:
-        return None
-    base, offsets = compressed
-    return base, host_arrays.repeat(base, np.diff(blocks)), offsets
+    indptr = np.asarray(indptr)
+    ptr = indptr[blocks].astype(np.int64)
+    low, high, counts = segment_bounds(indices, ptr)
+    indices = np.asarray(indices)[:int(ptr[-1])]
+    rows = np.diff(blocks)
+    wide = high - low > MAX_BLOCK_SPAN
+    if not wide.any():
+        offsets = indices - host_arrays.repeat(low, counts)
+        return (low, host_arrays.repeat(low, rows), offsets.astype(np.uint16),
+                np.zeros(0, dtype=indices.dtype))
+    wide_counts = np.where(wide, counts, 0)
+    at = np.cumsum(wide_counts) - wide_counts   # each wide block's first entry in col_wide
+    entry_wide = host_arrays.repeat(wide, counts)
+    offsets = np.where(entry_wide, 0, indices - host_arrays.repeat(low, counts))
+    block_of_row = host_arrays.repeat(np.arange(low.size), rows)
+    row_wide = wide[block_of_row]
+    row_at = at[block_of_row] + indptr[:-1] - ptr[block_of_row]
+    row_base = np.where(row_wide, -1 - row_at, low[block_of_row])
+    return (np.where(wide, -1 - at, low), row_base, offsets.astype(np.uint16),
+            indices[entry_wide])
 
 
 def merge_groups(indptr, group_items):
@@ -223,11 +250,12 @@ class CSRVector(CSRFormatBase):
         *BLOCK_PARAMS,
         P.Param("col_bits", P.or_words(P.one_of(*COL_BITS), "auto"),
                 "bits of a stored column (mapping='adaptive'): 16 = an offset from the row "
-                "block's smallest column (blocks spanning at most 65535 columns), 'auto' = "
-                "16 where every block fits, else 32"),
+                "block's smallest column (a block spanning more than 65535 columns keeps "
+                "32), 'auto' = 16 unless such blocks hold over half of the entries"),
         VALUE_BITS,
     )
     _col_bits_fallback = False    # col_bits="auto" resolved to 16 (analyse)
+    n_wide = 0                    # col_escape: the entries in col_wide
     # GPUs: a host matrix goes up as CSR and its 16-bit columns are made there (numpy's
     # per-block reductions took 0.14 s at 20M non-zeros, twice the upload).
     host_input_on_device = True
@@ -263,8 +291,8 @@ class CSRVector(CSRFormatBase):
         """Adaptive: a group of 128 (at most the device's), 8 entries per work-item (4
         for values wider than 4 bytes: ``adaptive_shape``), no vector size: the best of
         four shapes on an H200 for astro-ph, Groebner_id2003_aug and cage10 (x32).
-        ``col_bits="auto"`` on GPUs (16-bit columns where the blocks fit: 3-11% faster on
-        an H100), 32 on CPUs (not measured there)."""
+        ``col_bits="auto"`` on GPUs (16-bit columns, wide blocks escaped: 3-11% faster on
+        an H100 without wide blocks, 0-4% with a few), 32 on CPUs (not measured there)."""
         shape = adaptive_shape(dtype)
         return {**rows, "mapping": "adaptive", "vector_size": None,
                 "col_bits": "auto" if profile.is_gpu else 32,
@@ -404,8 +432,8 @@ class CSRVector(CSRFormatBase):
     def analyse(self, csr):
         """The merge mapping's position type: merge items (``m + nnz``, plus a group's
         worth past the end) in 32 bits where they fit, else 64.  ``col_bits="auto"``:
-        16, unless the conversion finds a block too wide (then 32 and the kernels built
-        again); no entries, nothing to narrow."""
+        16, unless the conversion finds too many entries in blocks too wide (then 32 and
+        the kernels built again); no entries, nothing to narrow."""
         self.nnz = int(csr.indptr[-1]) if self.shape[0] else 0
         if self.params.get("col_bits") in ("auto", None):
             self.params["col_bits"] = 16 if self.nnz and self._adaptive else 32
@@ -460,14 +488,24 @@ class CSRVector(CSRFormatBase):
                 scratch("col_base_out", "index_t"), scratch("row_base_out", "index_t"),
                 scratch("col_off_out", "ushort"), scratch("bad", "int")),
                 fixed_group=True))
+            if self.col_escape:
+                specs.append(KernelSpec("csr_vector_widen", (
+                    scratch("widen_blocks", "index_t", read_only=True),
+                    scratch("widen_at", "index_t", read_only=True),
+                    scratch("blocks_in", "index_t", read_only=True),
+                    matrix("csr_row_ptr", "index_t"), matrix("csr_col_idx", "index_t"),
+                    scratch("col_base_out", "index_t"), scratch("row_base_out", "index_t"),
+                    scratch("col_wide_out", "index_t")), fixed_group=True))
         return specs
 
     def _csr_arrays(self, base):
         """row_ptr, the columns, values: ``col_idx``, or with col_bits=16 the bases
-        ``base`` (``col_base`` per block, ``row_base`` per row) and ``col_off``."""
+        ``base`` (``col_base`` per block, ``row_base`` per row), ``col_off`` and, when
+        some block escapes, ``col_wide``."""
         if not self._narrow:
             return CSR_ARRAYS
-        return (CSR_ARRAYS[0], matrix(base, "index_t"), matrix("col_off", "ushort"),
+        wide = (matrix("col_wide", "index_t"),) if self.col_escape else ()
+        return (CSR_ARRAYS[0], matrix(base, "index_t"), matrix("col_off", "ushort"), *wide,
                 CSR_ARRAYS[2])
 
     def lanes_matrix_args(self):
@@ -486,20 +524,22 @@ class CSRVector(CSRFormatBase):
         arrays = {**super().convert(csr), **self._row_blocks(csr.indptr)}
         if not self._narrow:
             return arrays
-        compressed = compress_block_columns(csr.indices, csr.indptr, arrays["row_blocks"])
-        if compressed is None:
-            self._too_wide_columns()
+        base, row_base, offsets, col_wide = compress_block_columns(
+            csr.indices, csr.indptr, arrays["row_blocks"])
+        if col_wide.size and not self._escape(col_wide.size):
             return arrays
         del arrays["col_idx"]
-        base, row_base, offsets = compressed
+        self.n_wide = col_wide.size
+        wide = {"col_wide": col_wide.astype(self.index_dtype)} if col_wide.size else {}
         return {**arrays, "col_base": base.astype(self.index_dtype),
-                "row_base": row_base.astype(self.index_dtype), "col_off": offsets}
+                "row_base": row_base.astype(self.index_dtype), "col_off": offsets, **wide}
 
     def convert_device(self, csr):
-        blocks = self._row_blocks(csr.indptr)   # from indptr, which is on the host too
-        for name, array in blocks.items():
-            blocks[name] = cla.to_device(self.device.queue, array)
-        columns = self._compress_device(csr, blocks["row_blocks"]) if self._narrow else None
+        host_blocks = self._row_blocks(csr.indptr)   # from indptr, which is on the host too
+        blocks = {name: cla.to_device(self.device.queue, array)
+                  for name, array in host_blocks.items()}
+        columns = self._compress_device(csr, host_blocks["row_blocks"],
+                                        blocks["row_blocks"]) if self._narrow else None
         if columns is None:   # 32-bit columns: the CSR arrays as they are
             return {**super().convert_device(csr), **blocks}
         queue = self.device.queue
@@ -508,13 +548,15 @@ class CSRVector(CSRFormatBase):
         queue.finish()   # ordered before any product, whatever the queue's order
         return arrays
 
-    def _compress_device(self, csr, row_blocks):
+    def _compress_device(self, csr, host_blocks, row_blocks):
         """col_bits=16 on the device: the column arrays (``col_base``, ``row_base``,
         ``col_off``), made by ``csr_vector_compress`` (a group per row block), which
         finds each block's smallest column, writes the bases and the offsets, and flags
-        a block too wide; the flag, one int, is the only thing read back.  None for a
-        matrix with a wider block, after falling back to 32-bit columns
-        (col_bits="auto"; col_bits=16 is refused)."""
+        a block too wide (its base -1); the flag, one int, is read back.  With a wide
+        block, the bases are read back too, and ``csr_vector_widen`` (a group per wide
+        block) writes their escapes and ``col_wide`` (``compress_block_columns``).  None
+        after falling back to 32-bit columns (col_bits="auto" and too many entries in
+        wide blocks)."""
         queue = self.device.queue
         idx, m, nnz = self.index_dtype, self.shape[0], self.nnz
         if not nnz:   # (col_bits=16 asked for) no entries: every base 0, as on the host
@@ -524,47 +566,68 @@ class CSRVector(CSRFormatBase):
         columns = {"col_base": cla.empty(queue, self.n_blocks, idx),
                    "row_base": cla.empty(queue, m, idx),
                    "col_off": cla.empty(queue, nnz, np.uint16)}
+        csr_arrays = {"blocks_in": row_blocks.base_data,
+                      "csr_row_ptr": csr.as_type("indptr", idx, queue).base_data,
+                      "csr_col_idx": csr.as_type("indices", idx, queue).base_data,
+                      "col_base_out": columns["col_base"].base_data,
+                      "row_base_out": columns["row_base"].base_data}
         wg = self.params["work_group_size"]
-        if self.run_check(queue, "csr_vector_compress", self.n_blocks * wg, wg,
-                          blocks_in=row_blocks.base_data,
-                          csr_row_ptr=csr.as_type("indptr", idx, queue).base_data,
-                          csr_col_idx=csr.as_type("indices", idx, queue).base_data,
-                          col_base_out=columns["col_base"].base_data,
-                          row_base_out=columns["row_base"].base_data,
-                          col_off_out=columns["col_off"].base_data):
-            self._too_wide_columns()
+        if not self.run_check(queue, "csr_vector_compress", self.n_blocks * wg, wg,
+                              col_off_out=columns["col_off"].base_data, **csr_arrays):
+            return columns
+        # Which blocks are wide, and where their columns go (on the host: a few bytes a
+        # block; the row pointers are on the host too).
+        wide_blocks = np.flatnonzero(columns["col_base"].get(queue) < 0)
+        blocks = host_blocks.astype(np.int64)
+        indptr = np.asarray(csr.indptr)
+        counts = (indptr[blocks[wide_blocks + 1]] - indptr[blocks[wide_blocks]]).astype(np.int64)
+        if not self._escape(int(counts.sum())):
             return None
+        at = np.cumsum(counts) - counts
+        self.n_wide = int(counts.sum())
+        columns["col_wide"] = cla.empty(queue, self.n_wide, idx)
+        self.run_now(queue, [self.step(
+            "csr_vector_widen", wide_blocks.size * wg, wg,
+            widen_blocks=cla.to_device(queue, wide_blocks.astype(idx)).base_data,
+            widen_at=cla.to_device(queue, at.astype(idx)).base_data,
+            col_wide_out=columns["col_wide"].base_data, **csr_arrays)], finish=True)
         return columns
 
-    def _too_wide_columns(self):
-        """A row block spans more than 16 bits of columns: with col_bits="auto", 32-bit
-        columns and the kernels built again for them (the kernel cache has them after
-        the first time); with col_bits=16, refused."""
-        if not self._col_bits_fallback:
-            raise FormatNotSuitableError(
-                f"csr-vector: col_bits=16 needs every row block's columns within "
-                f"{MAX_BLOCK_SPAN} of its smallest one, and a block of this matrix spans "
-                "more: use col_bits=32 or 'auto' (which falls back to 32)")
-        self.params["col_bits"] = 32
+    def _escape(self, n_wide):
+        """Some row blocks span more than 16 bits of columns, ``n_wide`` entries in all:
+        with col_bits="auto" and more than ``AUTO_MAX_WIDE_SHARE`` of the entries, 32-bit
+        columns (False); otherwise those blocks keep theirs in ``col_wide`` (True).
+        Either way the kernels are built again (the kernel cache has them after the
+        first time)."""
+        if self._col_bits_fallback and n_wide > AUTO_MAX_WIDE_SHARE * self.nnz:
+            self.params["col_bits"] = 32
+        else:
+            self.col_escape = True
         self._col_bits_fallback = False
         self.kernels, self._specs = {}, {}
         self._build()
+        return self.col_escape
 
     def read_csr(self, queue, wait_for=None, staging=None):
         """The CSR arrays; with col_bits=16 the columns put back together on the host
-        (each row's base repeated over its entries, plus the offsets)."""
+        (each row's base repeated over its entries, plus the offsets; the escaped
+        blocks' entries from ``col_wide``)."""
         if not self._narrow:
             return super().read_csr(queue, wait_for, staging)
         nnz = self.value_array_sizes["values"]
-        (indptr, row_base, offsets, values), events = self.read_arrays(
+        wide = (("col_wide", self.index_dtype, self.n_wide),) if self.col_escape else ()
+        (indptr, row_base, offsets, values, *col_wide), events = self.read_arrays(
             queue, (("row_ptr", self.index_dtype, self.shape[0] + 1),
                     ("row_base", self.index_dtype, self.shape[0]),
-                    ("col_off", np.uint16, nnz), ("values", self.value_dtype, nnz)),
+                    ("col_off", np.uint16, nnz), ("values", self.value_dtype, nnz), *wide),
             wait_for, staging)
         if events:
             cl.wait_for_events(events)
-        cols = host_arrays.repeat(row_base, np.diff(indptr.astype(np.int64)))
+        lengths = np.diff(indptr.astype(np.int64))
+        cols = host_arrays.repeat(row_base, lengths)
         host_arrays.add_in_pieces(cols, offsets)   # (the GIL let go: a thread's)
+        if col_wide:
+            cols[host_arrays.repeat(row_base < 0, lengths)] = col_wide[0]
         return [indptr, cols.astype(self.index_dtype, copy=False),
                 values.astype(self.dtype, copy=False)], []
 
