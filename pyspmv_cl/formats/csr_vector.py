@@ -521,14 +521,16 @@ class CSRVector(CSRFormatBase):
         return 1 if self.params["mapping"] != "rows" else self.params["vector_size"]
 
     def convert(self, csr):
-        arrays = {**super().convert(csr), **self._row_blocks(csr.indptr)}
+        blocks = self._row_blocks(csr.indptr)
         if not self._narrow:
-            return arrays
+            return {**super().convert(csr), **blocks}
         base, row_base, offsets, col_wide = compress_block_columns(
-            csr.indices, csr.indptr, arrays["row_blocks"])
+            csr.indices, csr.indptr, blocks["row_blocks"])
         if col_wide.size and not self._escape(col_wide.size):
-            return arrays
-        del arrays["col_idx"]
+            return {**super().convert(csr), **blocks}   # 32 bits after all
+        # (no 32-bit col_idx: the CSR arrays but the columns)
+        arrays = {"row_ptr": host_arrays.cast(csr.indptr, self.index_dtype),
+                  "values": self.stored_values(csr.data), **blocks}
         self.n_wide = col_wide.size
         wide = {"col_wide": col_wide.astype(self.index_dtype)} if col_wide.size else {}
         return {**arrays, "col_base": base.astype(self.index_dtype),
