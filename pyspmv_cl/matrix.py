@@ -172,7 +172,8 @@ class SpMV:
                 if self.tuning is None:
                     raise
                 raise _not_for_the_chosen_format(params, format, self.explanation) from exc
-            self._impl = instantiate(fmt_cls, csr, self.device, self.dtype, resolved)
+            self._impl = instantiate(fmt_cls, csr, self.device, self.dtype, resolved,
+                                     features=features)
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
         self.format = format

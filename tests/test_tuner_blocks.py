@@ -17,6 +17,7 @@ from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.formats import columns as columns_module
 from pyspmv_cl.formats.base import SpMVFormat
+from pyspmv_cl.formats.lanes import CSR_K8_REGULAR_SPREAD
 from pyspmv_cl.tuning import database, tuner
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
@@ -229,11 +230,12 @@ def test_passes_and_ranking_for_k():
 
 
 def test_lane_columns_alternative_for_k(rng):
-    """Block tuning on a GPU also times the CSR formats' lanes kernels with twice the
-    rule's columns per work-item (second in their lists: the first alternative a second
-    pass or an online measurement of blocks times); not for k < 8, sell or ell, the
-    CPU's items kernels, single products, or a caller's own lane_columns.  The
-    measured candidate multiplies right and says its count."""
+    """Block tuning on a GPU also times the CSR formats' lanes kernels with another
+    count of columns per work-item (second in their lists: the first alternative a
+    second pass or an online measurement of blocks times): twice the rule's from k = 16,
+    at k = 8 the other of one and two (these rows are regular: the rule takes two);
+    not for k < 8, sell or ell, the CPU's items kernels, single products, or a caller's
+    own lane_columns.  The measured candidate multiplies right and says its count."""
     from pyspmv_cl.tuning import online
     cpu = DEVICES[0].profile.replace(device_type="cpu")   # whatever the test device is
     gpu = gpu_device().profile
@@ -245,7 +247,8 @@ def test_lane_columns_alternative_for_k(rng):
                                          block_size=k, user_params=user)
         return dict(order)
 
-    for k, want in ((32, 4), (33, 4), (16, 4), (8, 2)):
+    assert f.row_spread <= CSR_K8_REGULAR_SPREAD
+    for k, want in ((32, 4), (33, 4), (16, 4), (8, 1)):
         for name in ("csr-scalar", "csr-vector"):
             sets = lists(gpu, k)[name]
             assert sets[1] == {**sets[0], "lane_columns": want}, (name, k)

@@ -207,6 +207,9 @@ class SpMVFormat:
     #: (``UnsupportedDtypeError``) and ``format="auto"`` never considers it for one.
     complex_values: typing.ClassVar[bool] = False
     _plan_key = None   # see enqueue
+    #: The spread (std/mean) of the matrix's row lengths where ``instantiate`` was given
+    #: its features (None: unknown), for rules that depend on it (``lane_columns``).
+    row_spread = None
 
     # -- declared parameters (class level: no matrix conversion needed) -------------
     @classmethod
@@ -821,12 +824,14 @@ class SharedUploads:
         self._done.clear()
 
 
-def instantiate(cls, csr, device, dtype, params: dict, uploads=None) -> SpMVFormat:
+def instantiate(cls, csr, device, dtype, params: dict, uploads=None,
+                features=None) -> SpMVFormat:
     """``cls(csr, device, dtype, params)`` with the matrix where its conversion runs: a
     device matrix is read back for a format that converts on the host, and a host matrix
     goes up as CSR for a format that converts faster on a GPU (once for all the calls
     given the same ``uploads``, a :class:`SharedUploads` for this ``csr`` and
-    ``device``)."""
+    ``device``).  ``features`` (the matrix's, where the caller has them) give the
+    instance its ``row_spread``."""
     start = time.perf_counter()
     moved = 0.0
     if isinstance(csr, DeviceCSR):
@@ -843,6 +848,8 @@ def instantiate(cls, csr, device, dtype, params: dict, uploads=None) -> SpMVForm
     moved += time.perf_counter() - start
     impl = cls(csr, device, dtype, params)
     impl.conversion_seconds += moved   # the read back or the upload is part of it
+    if features is not None:
+        impl.row_spread = features.row_spread
     return impl
 
 

@@ -15,6 +15,9 @@ from .base import plan_blocks, pow2_floor
 #: The lanes kernels' widths (k per launch) and work-group size.
 LANES_WIDTHS = (1, 2, 4, 8, 16, 32)
 LANES_GROUP = 128
+#: The CSR formats' rule at k = 8: two columns per work-item where the row lengths'
+#: spread (std/mean) is at most this, else one (``lane_columns``).
+CSR_K8_REGULAR_SPREAD = 1.5
 
 
 #: Declared by the formats with lanes kernels: a fixed column count overrides
@@ -25,16 +28,22 @@ LANE_COLUMNS = P.Param("lane_columns", P.optional(P.integer(1, 8, power_of_two=T
                        "4 or 8, at most the block's width; None: by width and format)")
 
 
-def lane_columns(kb: int, slotted: bool = False) -> int:
+def lane_columns(kb: int, slotted: bool = False, row_spread=None) -> int:
     """Columns of the block each work-item computes.  Several columns per work-item put
     several rows in a 32-wide warp, so more reads of X's rows are in flight (the
     product waits on them, not on the matrix).
 
-    - CSR (``slotted`` False): one up to k = 8, two from k = 16.  On an H100 (cage10
+    - CSR (``slotted`` False): one up to k = 4, two from k = 16.  On an H100 (cage10
       x133, wing x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros), against
-      one column, two ran k = 32 0-52% faster and k = 16 10-41%; at k = 8 two lost 26%
-      on Groebner (8 rows a warp wait for the longest).  Four at k = 32 were 4-6%
-      faster on the regular float64 matrices, 14-19% slower on others.
+      one column, two ran k = 32 0-52% faster and k = 16 10-41%.  Four at k = 32 were
+      4-6% faster on the regular float64 matrices, 14-19% slower on others.
+    - CSR at k = 8: two where the rows' ``row_spread`` (std/mean of their lengths, when
+      known) is at most ``CSR_K8_REGULAR_SPREAD``, else one.  On an H100 (csr-vector,
+      the ten shared matrices at 20M non-zeros, session 18) two ran 7-28% faster in
+      float32 and 5-12% in float64 at spreads of 0.07-1.05 (astro-ph, 1.45: 7% faster
+      in float32, 2.5% slower in float64), and lost up to 18% at 2.78 (Groebner: 8 rows
+      a warp wait for the longest) and 13% at 4.31 (rajat01 float64).  At k = 2 and 4
+      two columns were mixed or much slower (cage10 float64 k = 2: 233 against 121 us).
     - ell and sell (``slotted``: a row's entries lie a stride apart, so neighbouring
       rows' entries are neighbours and more rows a warp coalesce the matrix's reads):
       two at k <= 8, four from k = 16.  sell on the same H100 (cage10, wing, astro-ph,
@@ -44,20 +53,25 @@ def lane_columns(kb: int, slotted: bool = False) -> int:
     """
     if slotted:
         return min(kb, 2 if kb <= 8 else 4)
+    if kb == 8 and row_spread is not None and row_spread <= CSR_K8_REGULAR_SPREAD:
+        return 2
     return 2 if kb >= 16 else 1
 
 
-def lane_columns_alternative(kb: int, slotted: bool = False):
-    """The column count block tuning also times for width ``kb`` (None: none): twice
-    the rule's for the CSR formats from k = 8.  csr-vector, 20M non-zeros: on an H100 at
-    k = 32 four columns beat the rule's two on wing (rows of 4 entries: 684 against
-    793 us in float32) and cage10 float64 (558 against 583), and lost 7-35% on
-    astro-ph, Groebner_id2003_aug and cage10 float32; on an H200 at k = 8 two beat one
-    on cage10 (127 against 151 us in float32) and lost 34% on Groebner.  For sell,
-    eight columns lost everywhere on the same H200 and other counts mostly lost."""
+def lane_columns_alternative(kb: int, slotted: bool = False, row_spread=None):
+    """The column count block tuning also times for width ``kb`` (None: none): for the
+    CSR formats at k = 8 the other of one and two, from k = 16 twice the rule's.
+    csr-vector, 20M non-zeros: on an H100 at k = 32 four columns beat the rule's two on
+    wing (rows of 4 entries: 684 against 793 us in float32) and cage10 float64 (558
+    against 583), and lost 7-35% on astro-ph, Groebner_id2003_aug and cage10 float32;
+    k = 8: ``lane_columns``.  For sell, eight columns lost everywhere on an H200 and
+    other counts mostly lost."""
     if slotted or kb < 8:
         return None
-    return 2 * lane_columns(kb, slotted)
+    rule = lane_columns(kb, slotted, row_spread)
+    if kb == 8:
+        return 3 - rule   # 1 <-> 2
+    return 2 * rule
 
 
 class LanesBlocks:
@@ -90,7 +104,7 @@ class LanesBlocks:
         if 1 not in widths:
             return None
         kb = plan_blocks(k, widths)[0][1]
-        alt = lane_columns_alternative(kb, cls.lanes_slotted)
+        alt = lane_columns_alternative(kb, cls.lanes_slotted, features.row_spread)
         return None if alt is None or alt > kb else {"lane_columns": alt}
 
     def lanes_matrix_args(self):
@@ -102,9 +116,11 @@ class LanesBlocks:
 
     def _lane_columns(self, kb) -> int:
         """Columns per work-item of this format's width-``kb`` lanes kernel: what its
-        template is rendered with and its launch is sized by."""
+        template is rendered with and its launch is sized by (the rule reads the rows'
+        spread where ``instantiate`` was given the matrix's features)."""
         fixed = self.params.get("lane_columns")
-        return min(kb, fixed) if fixed else lane_columns(kb, self.lanes_slotted)
+        return min(kb, fixed) if fixed else lane_columns(kb, self.lanes_slotted,
+                                                         self.row_spread)
 
     def block_template_params(self, kb):
         params = super().block_template_params(kb)

@@ -456,7 +456,7 @@ def measure(csr, features, device, dtype, user_params=None, *, budget=None,
         t0 = time.perf_counter()
         try:
             resolved = cls.resolve_params(features, profile, dtype, {**user_params, **params})
-            impl = instantiate(cls, csr, device, dtype, resolved, uploads)
+            impl = instantiate(cls, csr, device, dtype, resolved, uploads, features)
             conversion = impl.conversion_seconds
             if offer is not None and include and not results and (name, params) == include[0]:
                 bench.use_reference(impl)   # online: the operator's own format
@@ -784,7 +784,8 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
         resolved = cls.resolve_params(features, profile, dtype,
                                       {**(user_params or {}), **stored.params})
         queue = cl.CommandQueue(device.context, device.cl_device)   # as run_measurement's
-        stored.impl = instantiate(cls, snapshot, device.on_queue(queue), dtype, resolved)
+        stored.impl = instantiate(cls, snapshot, device.on_queue(queue), dtype, resolved,
+                                  features=features)
         queue.finish()
         return stored
 
