@@ -39,7 +39,7 @@ def lane_columns(kb: int, slotted: bool = False, row_spread=None) -> int:
       4-6% faster on the regular float64 matrices, 14-19% slower on others.
     - CSR at k = 8: two where the rows' ``row_spread`` (std/mean of their lengths, when
       known) is at most ``CSR_K8_REGULAR_SPREAD``, else one.  On an H100 (csr-vector,
-      the ten shared matrices at 20M non-zeros, session 18) two ran 7-28% faster in
+      the ten shared matrices at 20M non-zeros, session 18) two ran 17-28% faster in
       float32 and 5-12% in float64 at spreads of 0.07-1.05 (astro-ph, 1.45: 7% faster
       in float32, 2.5% slower in float64), and lost up to 18% at 2.78 (Groebner: 8 rows
       a warp wait for the longest) and 13% at 4.31 (rajat01 float64).  At k = 2 and 4
