@@ -262,30 +262,33 @@ def test_lanes_is_the_gpu_default_items_the_cpu_one(device):
 
 
 def test_lane_columns_rule():
-    """The lanes kernels' column count: the CSR formats take two at k = 8 only where the
-    rows are known to be regular (spread of their lengths at most
-    CSR_K8_REGULAR_SPREAD), one below k = 8, two from 16; tuning's alternative at k = 8
-    is the other of one and two.  ell and sell (slotted) keep theirs."""
+    """The lanes kernels' column count: the CSR formats take two at k = 4 and 8 only
+    where the rows are known to be regular (spread of their lengths at most
+    CSR_REGULAR_SPREAD[k]), one at k = 1 and 2, two from 16; tuning's alternative at
+    k = 4 and 8 is the other of one and two, from 16 twice the rule's.  ell and sell
+    (slotted) keep theirs."""
     from pyspmv_cl.formats.lanes import (
-        CSR_K8_REGULAR_SPREAD,
+        CSR_REGULAR_SPREAD,
         lane_columns,
         lane_columns_alternative,
     )
-    regular, uneven = CSR_K8_REGULAR_SPREAD, CSR_K8_REGULAR_SPREAD + 0.01
     assert [lane_columns(kb) for kb in (1, 2, 4, 8, 16, 32)] == [1, 1, 1, 1, 2, 2]
-    assert [lane_columns(kb, row_spread=regular) for kb in (2, 4, 8, 16)] == [1, 1, 2, 2]
-    assert lane_columns(8, row_spread=uneven) == 1
-    assert [lane_columns(kb, True, regular) for kb in (1, 8, 16)] == [1, 2, 4]
-    assert lane_columns_alternative(8) == 2
-    assert lane_columns_alternative(8, row_spread=regular) == 1
-    assert lane_columns_alternative(16, row_spread=regular) == 4
-    assert lane_columns_alternative(4, row_spread=regular) is None
+    for kb, bound in CSR_REGULAR_SPREAD.items():
+        assert lane_columns(kb, row_spread=bound) == 2
+        assert lane_columns(kb, row_spread=bound + 0.01) == 1
+        assert lane_columns_alternative(kb) == 2
+        assert lane_columns_alternative(kb, row_spread=bound) == 1
+    assert [lane_columns(kb, row_spread=0.0) for kb in (1, 2, 16, 32)] == [1, 1, 2, 2]
+    assert [lane_columns(kb, True, 0.0) for kb in (1, 8, 16)] == [1, 2, 4]
+    assert lane_columns_alternative(16, row_spread=0.0) == 4
+    assert lane_columns_alternative(2, row_spread=0.0) is None
+    assert lane_columns_alternative(8, True, 0.0) is None
 
 
 @pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector"])
 def test_lane_columns_from_the_rows(device, fmt):
-    """SpMV hands the matrix's row spread to its format: a banded matrix's k = 8 lanes
-    kernel computes two columns per work-item, a power-law one's one; both right."""
+    """SpMV hands the matrix's row spread to its format: a banded matrix's k = 4 and 8
+    lanes kernels compute two columns per work-item, a power-law one's one; all right."""
     rng = np.random.default_rng()
     dev = device.override(simd_width=32, device_type="gpu")
     n = 600
@@ -299,13 +302,14 @@ def test_lane_columns_from_the_rows(device, fmt):
     for A, want in ((banded, 2), (skewed, 1)):
         op = psc.SpMV(A, fmt, device=dev, dtype=np.float32, block_mapping="lanes")
         assert op._impl.row_spread is not None
-        assert op._impl._lane_columns(8) == want, op._impl.row_spread
-        X = rng.standard_normal((n, 8))
-        out = poisoned((n, 8), np.float32)
-        with record_launches(with_names=True) as launched:
-            op.matmat(X, out=out)
-        assert {name for name, _ in launched} == {"csr_lanes_block"}
-        check(out, A, X, np.float32)
+        for k in (4, 8):
+            assert op._impl._lane_columns(k) == want, op._impl.row_spread
+            X = rng.standard_normal((n, k))
+            out = poisoned((n, k), np.float32)
+            with record_launches(with_names=True) as launched:
+                op.matmat(X, out=out)
+            assert {name for name, _ in launched} == {"csr_lanes_block"}
+            check(out, A, X, np.float32)
 
 
 def test_views_and_aliasing(device):

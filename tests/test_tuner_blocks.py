@@ -17,7 +17,7 @@ from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.formats import columns as columns_module
 from pyspmv_cl.formats.base import SpMVFormat
-from pyspmv_cl.formats.lanes import CSR_K8_REGULAR_SPREAD
+from pyspmv_cl.formats.lanes import CSR_REGULAR_SPREAD
 from pyspmv_cl.tuning import database, tuner
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
@@ -233,8 +233,8 @@ def test_lane_columns_alternative_for_k(rng):
     """Block tuning on a GPU also times the CSR formats' lanes kernels with another
     count of columns per work-item (second in their lists: the first alternative a
     second pass or an online measurement of blocks times): twice the rule's from k = 16,
-    at k = 8 the other of one and two (these rows are regular: the rule takes two);
-    not for k < 8, sell or ell, the CPU's items kernels, single products, or a caller's
+    at k = 4 and 8 the other of one and two (these rows are regular: the rule takes
+    two); not for k < 4, sell or ell, the CPU's items kernels, single products, or a caller's
     own lane_columns.  The measured candidate multiplies right and says its count."""
     from pyspmv_cl.tuning import online
     cpu = DEVICES[0].profile.replace(device_type="cpu")   # whatever the test device is
@@ -247,15 +247,15 @@ def test_lane_columns_alternative_for_k(rng):
                                          block_size=k, user_params=user)
         return dict(order)
 
-    assert f.row_spread <= CSR_K8_REGULAR_SPREAD
-    for k, want in ((32, 4), (33, 4), (16, 4), (8, 1)):
+    assert f.row_spread <= min(CSR_REGULAR_SPREAD.values())
+    for k, want in ((32, 4), (33, 4), (16, 4), (8, 1), (4, 1)):
         for name in ("csr-scalar", "csr-vector"):
             sets = lists(gpu, k)[name]
             assert sets[1] == {**sets[0], "lane_columns": want}, (name, k)
     for name, sets in lists(gpu, 32).items():
         if name not in ("csr-scalar", "csr-vector"):
             assert all("lane_columns" not in p for p in sets), name
-    for sets in (lists(gpu, 4)["csr-vector"], lists(gpu, 1)["csr-vector"],
+    for sets in (lists(gpu, 2)["csr-vector"], lists(gpu, 1)["csr-vector"],
                  lists(cpu, 32)["csr-vector"], lists(gpu, 32, lane_columns=2)["csr-vector"]):
         assert all("lane_columns" not in p for p in sets)
     assert online.online_alternatives(1) == 0 and online.online_alternatives(16) == 1

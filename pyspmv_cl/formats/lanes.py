@@ -15,9 +15,9 @@ from .base import plan_blocks, pow2_floor
 #: The lanes kernels' widths (k per launch) and work-group size.
 LANES_WIDTHS = (1, 2, 4, 8, 16, 32)
 LANES_GROUP = 128
-#: The CSR formats' rule at k = 8: two columns per work-item where the row lengths'
-#: spread (std/mean) is at most this, else one (``lane_columns``).
-CSR_K8_REGULAR_SPREAD = 1.5
+#: The CSR formats' rule at k = 4 and 8: two columns per work-item where the row
+#: lengths' spread (std/mean) is at most this for the width, else one (``lane_columns``).
+CSR_REGULAR_SPREAD = {4: 1.1, 8: 1.5}
 
 
 #: Declared by the formats with lanes kernels: a fixed column count overrides
@@ -33,17 +33,19 @@ def lane_columns(kb: int, slotted: bool = False, row_spread=None) -> int:
     several rows in a 32-wide warp, so more reads of X's rows are in flight (the
     product waits on them, not on the matrix).
 
-    - CSR (``slotted`` False): one up to k = 4, two from k = 16.  On an H100 (cage10
+    - CSR (``slotted`` False): one up to k = 2, two from k = 16.  On an H100 (cage10
       x133, wing x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros), against
       one column, two ran k = 32 0-52% faster and k = 16 10-41%.  Four at k = 32 were
       4-6% faster on the regular float64 matrices, 14-19% slower on others.
-    - CSR at k = 8: two where the rows' ``row_spread`` (std/mean of their lengths, when
-      known) is at most ``CSR_K8_REGULAR_SPREAD``, else one.  On an H100 (csr-vector,
-      the ten shared matrices at 20M non-zeros, session 18) two ran 17-28% faster in
-      float32 and 5-12% in float64 at spreads of 0.07-1.05 (astro-ph, 1.45: 7% faster
-      in float32, 2.5% slower in float64), and lost up to 18% at 2.78 (Groebner: 8 rows
-      a warp wait for the longest) and 13% at 4.31 (rajat01 float64).  At k = 2 and 4
-      two columns were mixed or much slower (cage10 float64 k = 2: 233 against 121 us).
+    - CSR at k = 4 and 8: two where the rows' ``row_spread`` (std/mean of their
+      lengths, when known) is at most ``CSR_REGULAR_SPREAD[k]``, else one.  On an H100
+      (csr-vector, the ten shared matrices at 20M non-zeros, session 18), at spreads of
+      0.07-1.05, two ran k = 8 17-28% faster in float32 and 5-12% in float64 and k = 4
+      up to 21% faster (wing float64 8% and szdMat float32 1% slower); astro-ph (1.45)
+      k = 8 7% faster in float32, 2.5% slower in float64, k = 4 6% slower in float32.
+      At 2.78 (Groebner: the warp's rows wait for the longest) two lost up to 28%, at
+      4.31 (rajat01) up to 13%.  At k = 2 two columns were mixed or much slower
+      (cage10 float64: 233 against 121 us).
     - ell and sell (``slotted``: a row's entries lie a stride apart, so neighbouring
       rows' entries are neighbours and more rows a warp coalesce the matrix's reads):
       two at k <= 8, four from k = 16.  sell on the same H100 (cage10, wing, astro-ph,
@@ -53,23 +55,24 @@ def lane_columns(kb: int, slotted: bool = False, row_spread=None) -> int:
     """
     if slotted:
         return min(kb, 2 if kb <= 8 else 4)
-    if kb == 8 and row_spread is not None and row_spread <= CSR_K8_REGULAR_SPREAD:
+    bound = CSR_REGULAR_SPREAD.get(kb)
+    if bound is not None and row_spread is not None and row_spread <= bound:
         return 2
     return 2 if kb >= 16 else 1
 
 
 def lane_columns_alternative(kb: int, slotted: bool = False, row_spread=None):
     """The column count block tuning also times for width ``kb`` (None: none): for the
-    CSR formats at k = 8 the other of one and two, from k = 16 twice the rule's.
+    CSR formats at k = 4 and 8 the other of one and two, from k = 16 twice the rule's.
     csr-vector, 20M non-zeros: on an H100 at k = 32 four columns beat the rule's two on
     wing (rows of 4 entries: 684 against 793 us in float32) and cage10 float64 (558
     against 583), and lost 7-35% on astro-ph, Groebner_id2003_aug and cage10 float32;
     k = 8: ``lane_columns``.  For sell, eight columns lost everywhere on an H200 and
     other counts mostly lost."""
-    if slotted or kb < 8:
+    if slotted or kb < 4:
         return None
     rule = lane_columns(kb, slotted, row_spread)
-    if kb == 8:
+    if kb in CSR_REGULAR_SPREAD:
         return 3 - rule   # 1 <-> 2
     return 2 * rule
 
