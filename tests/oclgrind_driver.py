@@ -161,8 +161,8 @@ WIDE_COLUMN_VARIANTS = [
 
 def wide_columns_pass(device, dtypes, rng, summary):
     """csr-vector's escape (col_wide): device conversion (compress, then widen), single
-    and block products (the lanes kernel, k = 4 and 8 with two columns a work-item
-    among them) and a value update, each variant and dtype."""
+    and block products (the lanes kernel, k = 4 and 8 with two columns a work-item and
+    k = 16 with four among them) and a value update, each variant and dtype."""
     A = wide_columns(rng)
     t0 = time.perf_counter()
     for params in WIDE_COLUMN_VARIANTS:
@@ -179,15 +179,16 @@ def wide_columns_pass(device, dtypes, rng, summary):
                     counts = summary["device_conversions"]
                     counts["csr-vector"] = counts.get("csr-vector", 0) + 1
                 summary["products"] += products(op, A, dtype, rng, full=True)
-                # k = 4 and 8: the lanes kernel with two columns a work-item (regular rows)
-                for k in (4, 8):
-                    assert op._impl._lane_columns(k) == 2, where
+                # k = 4 and 8: the lanes kernel with two columns a work-item (regular
+                # rows), k = 16 with four (short, even rows)
+                for k, columns in ((4, 2), (8, 2), (16, 4)):
+                    assert op._impl._lane_columns(k) == columns, where
                     X = rng.standard_normal((A.shape[1], k))
                     Y_d = cla.empty(op.queue, (A.shape[0], k), dtype)
                     KEEP.append(Y_d)
                     op.matmat(X.astype(dtype), out=Y_d)
                     check(Y_d.get(), A, X, dtype)
-                summary["products"] += 2 + value_update(op, A, dtype, rng)
+                summary["products"] += 3 + value_update(op, A, dtype, rng)
             except Exception:
                 summary["failures"].append(f"{where}: " + traceback.format_exc(limit=3))
     summary["per_format_s"]["csr-vector/wide-columns"] = round(time.perf_counter() - t0, 2)

@@ -264,11 +264,13 @@ def test_lanes_is_the_gpu_default_items_the_cpu_one(device):
 def test_lane_columns_rule():
     """The lanes kernels' column count: the CSR formats take two at k = 4 and 8 only
     where the rows are known to be regular (spread of their lengths at most
-    CSR_REGULAR_SPREAD[k]), one at k = 1 and 2, two from 16; tuning's alternative at
-    k = 4 and 8 is the other of one and two, from 16 twice the rule's.  ell and sell
-    (slotted) keep theirs."""
+    CSR_REGULAR_SPREAD[k]), one at k = 1 and 2; from 16 four where they are known to
+    be short and even (CSR_SHORT_ROWS), else two.  Tuning's alternative: the other of
+    one and two at k = 4 and 8, of two and four from 16.  ell and sell (slotted) keep
+    theirs."""
     from pyspmv_cl.formats.lanes import (
         CSR_REGULAR_SPREAD,
+        CSR_SHORT_ROWS,
         lane_columns,
         lane_columns_alternative,
     )
@@ -281,14 +283,21 @@ def test_lane_columns_rule():
     assert [lane_columns(kb, row_spread=0.0) for kb in (1, 2, 16, 32)] == [1, 1, 2, 2]
     assert [lane_columns(kb, True, 0.0) for kb in (1, 8, 16)] == [1, 2, 4]
     assert lane_columns_alternative(16, row_spread=0.0) == 4
+    mean, spread = CSR_SHORT_ROWS
+    for kb in (16, 32):
+        assert lane_columns(kb, row_spread=spread, mean_row=mean) == 4
+        assert lane_columns(kb, row_spread=spread + 0.01, mean_row=mean) == 2
+        assert lane_columns(kb, row_spread=spread, mean_row=mean + 0.5) == 2
+        assert lane_columns_alternative(kb, row_spread=spread, mean_row=mean) == 2
     assert lane_columns_alternative(2, row_spread=0.0) is None
     assert lane_columns_alternative(8, True, 0.0) is None
 
 
 @pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector"])
 def test_lane_columns_from_the_rows(device, fmt):
-    """SpMV hands the matrix's row spread to its format: a banded matrix's k = 4 and 8
-    lanes kernels compute two columns per work-item, a power-law one's one; all right."""
+    """SpMV hands the matrix's row statistics to its format: a banded matrix's k = 4
+    and 8 lanes kernels compute two columns per work-item and its k = 16 one four (five
+    entries a row), a power-law one's one and two; all right."""
     rng = np.random.default_rng()
     dev = device.override(simd_width=32, device_type="gpu")
     n = 600
@@ -299,10 +308,10 @@ def test_lane_columns_from_the_rows(device, fmt):
     rows = np.repeat(np.arange(n), lengths)
     cols = np.concatenate([rng.choice(n, k, replace=False) for k in lengths])
     skewed = sp.csr_matrix((rng.standard_normal(rows.size), (rows, cols)), shape=(n, n))
-    for A, want in ((banded, 2), (skewed, 1)):
+    for A, wants in ((banded, {4: 2, 8: 2, 16: 4}), (skewed, {4: 1, 8: 1, 16: 2})):
         op = psc.SpMV(A, fmt, device=dev, dtype=np.float32, block_mapping="lanes")
-        assert op._impl.row_spread is not None
-        for k in (4, 8):
+        assert op._impl.row_spread is not None and op._impl.mean_row_length is not None
+        for k, want in wants.items():
             assert op._impl._lane_columns(k) == want, op._impl.row_spread
             X = rng.standard_normal((n, k))
             out = poisoned((n, k), np.float32)

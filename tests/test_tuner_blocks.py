@@ -17,7 +17,7 @@ from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import FORMATS
 from pyspmv_cl.formats import columns as columns_module
 from pyspmv_cl.formats.base import SpMVFormat
-from pyspmv_cl.formats.lanes import CSR_REGULAR_SPREAD
+from pyspmv_cl.formats.lanes import CSR_REGULAR_SPREAD, CSR_SHORT_ROWS
 from pyspmv_cl.tuning import database, tuner
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
@@ -232,10 +232,11 @@ def test_passes_and_ranking_for_k():
 def test_lane_columns_alternative_for_k(rng):
     """Block tuning on a GPU also times the CSR formats' lanes kernels with another
     count of columns per work-item (second in their lists: the first alternative a
-    second pass or an online measurement of blocks times): twice the rule's from k = 16,
-    at k = 4 and 8 the other of one and two (these rows are regular: the rule takes
-    two); not for k < 4, sell or ell, the CPU's items kernels, single products, or a caller's
-    own lane_columns.  The measured candidate multiplies right and says its count."""
+    second pass or an online measurement of blocks times): the other of one and two at
+    k = 4 and 8, of two and four from 16 (these rows are short and even: the rule takes
+    two, then four); not for k < 4, sell or ell, the CPU's items kernels, single
+    products, or a caller's own lane_columns.  The measured candidate multiplies right
+    and says its count."""
     from pyspmv_cl.tuning import online
     cpu = DEVICES[0].profile.replace(device_type="cpu")   # whatever the test device is
     gpu = gpu_device().profile
@@ -247,8 +248,10 @@ def test_lane_columns_alternative_for_k(rng):
                                          block_size=k, user_params=user)
         return dict(order)
 
-    assert f.row_spread <= min(CSR_REGULAR_SPREAD.values())
-    for k, want in ((32, 4), (33, 4), (16, 4), (8, 1), (4, 1)):
+    # Short, even rows: the rule takes two columns at k = 4 and 8 and four from 16.
+    assert f.row_spread <= min(*CSR_REGULAR_SPREAD.values(), CSR_SHORT_ROWS[1])
+    assert f.mean_row_length <= CSR_SHORT_ROWS[0]
+    for k, want in ((32, 2), (33, 2), (16, 2), (8, 1), (4, 1)):
         for name in ("csr-scalar", "csr-vector"):
             sets = lists(gpu, k)[name]
             assert sets[1] == {**sets[0], "lane_columns": want}, (name, k)
@@ -263,7 +266,7 @@ def test_lane_columns_alternative_for_k(rng):
                                    registry={"csr-vector": FORMATS["csr-vector"]},
                                    alternatives=1, block_size=16)
     timed = [c for c in entry["candidates"] if c["alternative"]]
-    assert [c["resolved"]["lane_columns"] for c in timed] == [4]
+    assert [c["resolved"]["lane_columns"] for c in timed] == [2]
     assert impl is not None
 
 

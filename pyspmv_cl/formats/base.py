@@ -207,9 +207,10 @@ class SpMVFormat:
     #: (``UnsupportedDtypeError``) and ``format="auto"`` never considers it for one.
     complex_values: typing.ClassVar[bool] = False
     _plan_key = None   # see enqueue
-    #: The spread (std/mean) of the matrix's row lengths where ``instantiate`` was given
-    #: its features (None: unknown), for rules that depend on it (``lane_columns``).
-    row_spread = None
+    #: The spread (std/mean) and mean of the matrix's row lengths where ``instantiate``
+    #: was given its features (None: unknown), for rules that depend on them
+    #: (``lane_columns``).
+    row_spread = mean_row_length = None
 
     # -- declared parameters (class level: no matrix conversion needed) -------------
     @classmethod
@@ -831,7 +832,7 @@ def instantiate(cls, csr, device, dtype, params: dict, uploads=None,
     goes up as CSR for a format that converts faster on a GPU (once for all the calls
     given the same ``uploads``, a :class:`SharedUploads` for this ``csr`` and
     ``device``).  ``features`` (the matrix's, where the caller has them) give the
-    instance its ``row_spread``."""
+    instance its ``row_spread`` and ``mean_row_length``."""
     start = time.perf_counter()
     moved = 0.0
     if isinstance(csr, DeviceCSR):
@@ -849,7 +850,7 @@ def instantiate(cls, csr, device, dtype, params: dict, uploads=None,
     impl = cls(csr, device, dtype, params)
     impl.conversion_seconds += moved   # the read back or the upload is part of it
     if features is not None:
-        impl.row_spread = features.row_spread
+        impl.row_spread, impl.mean_row_length = features.row_spread, features.mean_row_length
     return impl
 
 

@@ -18,6 +18,9 @@ LANES_GROUP = 128
 #: The CSR formats' rule at k = 4 and 8: two columns per work-item where the row
 #: lengths' spread (std/mean) is at most this for the width, else one (``lane_columns``).
 CSR_REGULAR_SPREAD = {4: 1.1, 8: 1.5}
+#: ... and from k = 16: four columns where the rows are short and even (mean length and
+#: spread at most these), else two.
+CSR_SHORT_ROWS = (8.0, 1.1)
 
 
 #: Declared by the formats with lanes kernels: a fixed column count overrides
@@ -28,15 +31,21 @@ LANE_COLUMNS = P.Param("lane_columns", P.optional(P.integer(1, 8, power_of_two=T
                        "4 or 8, at most the block's width; None: by width and format)")
 
 
-def lane_columns(kb: int, slotted: bool = False, row_spread=None) -> int:
+def lane_columns(kb: int, slotted: bool = False, row_spread=None, mean_row=None) -> int:
     """Columns of the block each work-item computes.  Several columns per work-item put
     several rows in a 32-wide warp, so more reads of X's rows are in flight (the
     product waits on them, not on the matrix).
 
     - CSR (``slotted`` False): one up to k = 2, two from k = 16.  On an H100 (cage10
       x133, wing x83, astro-ph x83, Groebner_id2003_aug x116, 20M non-zeros), against
-      one column, two ran k = 32 0-52% faster and k = 16 10-41%.  Four at k = 32 were
-      4-6% faster on the regular float64 matrices, 14-19% slower on others.
+      one column, two ran k = 32 0-52% faster and k = 16 10-41%.
+    - CSR from k = 16: four where the rows are short and even (``mean_row`` and
+      ``row_spread`` within ``CSR_SHORT_ROWS``).  On the H100 (ten shared matrices,
+      session 18) four against two ran 2-12% faster at k = 16 and 32 on wing, fe_4elt2,
+      gemat12 and bayer10 (mean 3.9-7.1, spread 0.07-1.05) in 15 of 16 cases (wing
+      float64 k = 32 9% slower), and 5-41% slower on the longer or uneven rows of the
+      other six in most cases (float64 k = 32 on cage10, szdMat, wathenSmall: 5-7%
+      faster).
     - CSR at k = 4 and 8: two where the rows' ``row_spread`` (std/mean of their
       lengths, when known) is at most ``CSR_REGULAR_SPREAD[k]``, else one.  On an H100
       (csr-vector, the ten shared matrices at 20M non-zeros, session 18), at spreads of
@@ -55,15 +64,20 @@ def lane_columns(kb: int, slotted: bool = False, row_spread=None) -> int:
     """
     if slotted:
         return min(kb, 2 if kb <= 8 else 4)
+    known = row_spread is not None
+    if kb >= 16:
+        short = known and mean_row is not None and mean_row <= CSR_SHORT_ROWS[0] \
+            and row_spread <= CSR_SHORT_ROWS[1]
+        return 4 if short else 2
     bound = CSR_REGULAR_SPREAD.get(kb)
-    if bound is not None and row_spread is not None and row_spread <= bound:
-        return 2
-    return 2 if kb >= 16 else 1
+    return 2 if known and bound is not None and row_spread <= bound else 1
 
 
-def lane_columns_alternative(kb: int, slotted: bool = False, row_spread=None):
+def lane_columns_alternative(kb: int, slotted: bool = False, row_spread=None,
+                             mean_row=None):
     """The column count block tuning also times for width ``kb`` (None: none): for the
-    CSR formats at k = 4 and 8 the other of one and two, from k = 16 twice the rule's.
+    CSR formats at k = 4 and 8 the other of one and two, from k = 16 the other of two
+    and four.
     csr-vector, 20M non-zeros: on an H100 at k = 32 four columns beat the rule's two on
     wing (rows of 4 entries: 684 against 793 us in float32) and cage10 float64 (558
     against 583), and lost 7-35% on astro-ph, Groebner_id2003_aug and cage10 float32;
@@ -71,10 +85,8 @@ def lane_columns_alternative(kb: int, slotted: bool = False, row_spread=None):
     other counts mostly lost."""
     if slotted or kb < 4:
         return None
-    rule = lane_columns(kb, slotted, row_spread)
-    if kb in CSR_REGULAR_SPREAD:
-        return 3 - rule   # 1 <-> 2
-    return 2 * rule
+    rule = lane_columns(kb, slotted, row_spread, mean_row)
+    return 3 - rule if kb < 16 else 6 - rule   # 1 <-> 2, 2 <-> 4
 
 
 class LanesBlocks:
@@ -107,7 +119,8 @@ class LanesBlocks:
         if 1 not in widths:
             return None
         kb = plan_blocks(k, widths)[0][1]
-        alt = lane_columns_alternative(kb, cls.lanes_slotted, features.row_spread)
+        alt = lane_columns_alternative(kb, cls.lanes_slotted, features.row_spread,
+                                       features.mean_row_length)
         return None if alt is None or alt > kb else {"lane_columns": alt}
 
     def lanes_matrix_args(self):
@@ -122,8 +135,8 @@ class LanesBlocks:
         template is rendered with and its launch is sized by (the rule reads the rows'
         spread where ``instantiate`` was given the matrix's features)."""
         fixed = self.params.get("lane_columns")
-        return min(kb, fixed) if fixed else lane_columns(kb, self.lanes_slotted,
-                                                         self.row_spread)
+        return min(kb, fixed) if fixed else lane_columns(
+            kb, self.lanes_slotted, self.row_spread, self.mean_row_length)
 
     def block_template_params(self, kb):
         params = super().block_template_params(kb)
