@@ -42,10 +42,10 @@ def lane_columns(kb: int, slotted: bool = False, row_spread=None, mean_row=None)
     - CSR from k = 16: four where the rows are short and even (``mean_row`` and
       ``row_spread`` within ``CSR_SHORT_ROWS``).  On the H100 (ten shared matrices,
       session 18) four against two ran 2-12% faster at k = 16 and 32 on wing, fe_4elt2,
-      gemat12 and bayer10 (mean 3.9-7.1, spread 0.07-1.05) in 15 of 16 cases (wing
-      float64 k = 32 9% slower), and 5-41% slower on the longer or uneven rows of the
-      other six in most cases (float64 k = 32 on cage10, szdMat, wathenSmall: 5-7%
-      faster).
+      gemat12 and bayer10 (mean 3.9-7.1, spread 0.07-1.05) in 14 of 16 cases (wing
+      float64 k = 32 9% slower, bayer10 float64 k = 16 1%), and 5-41% slower on the
+      longer or uneven rows of the other six in most cases (float64 k = 32 on cage10,
+      szdMat, wathenSmall: 5-7% faster).
     - CSR at k = 4 and 8: two where the rows' ``row_spread`` (std/mean of their
       lengths, when known) is at most ``CSR_REGULAR_SPREAD[k]``, else one.  On an H100
       (csr-vector, the ten shared matrices at 20M non-zeros, session 18), at spreads of
