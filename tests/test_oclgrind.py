@@ -315,7 +315,7 @@ def test_complex_clean_under_oclgrind():
 def test_wide_columns_clean_under_oclgrind():
     """csr-vector's escaped 16-bit columns (row blocks spanning more than 16 bits keep
     32-bit columns in col_wide): the compress and widen kernels, single and block
-    products and a value update, float32 and float64, under every flag (about 40 s
+    products and a value update, float32 and float64, under every flag (about 70 s
     here: the exhaustive run)."""
     summary = run_pass(["--wide-columns"])
     assert summary["operators"] == 6 and summary["products"] >= 6 * 5
