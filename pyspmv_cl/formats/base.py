@@ -578,6 +578,13 @@ class SpMVFormat:
         return Step(kernel, int(global_size), int(local_size), values, prefix)
 
     # -- building ------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        """Build the kernels again after the conversion settled a parameter they are
+        rendered with (a 16-bit column format falling back to 32 bits or escaping wide
+        blocks); the kernel cache has them after the first time."""
+        self.kernels, self._specs = {}, {}
+        self._build()
+
     def _build(self) -> None:
         """Build every program; where a compiled kernel accepts fewer work-items than
         the group size rendered into it (registers, local memory), shrink that size to

@@ -531,7 +531,6 @@ class CSRVector(CSRFormatBase):
         # (no 32-bit col_idx: the CSR arrays but the columns)
         arrays = {"row_ptr": host_arrays.cast(csr.indptr, self.index_dtype),
                   "values": self.stored_values(csr.data), **blocks}
-        self.n_wide = col_wide.size
         wide = {"col_wide": col_wide.astype(self.index_dtype)} if col_wide.size else {}
         return {**arrays, "col_base": base.astype(self.index_dtype),
                 "row_base": row_base.astype(self.index_dtype), "col_off": offsets, **wide}
@@ -586,7 +585,6 @@ class CSRVector(CSRFormatBase):
         if not self._escape(int(counts.sum())):
             return None
         at = np.cumsum(counts) - counts
-        self.n_wide = int(counts.sum())
         columns["col_wide"] = cla.empty(queue, self.n_wide, idx)
         self.run_now(queue, [self.step(
             "csr_vector_widen", wide_blocks.size * wg, wg,
@@ -599,15 +597,13 @@ class CSRVector(CSRFormatBase):
         """Some row blocks span more than 16 bits of columns, ``n_wide`` entries in all:
         with col_bits="auto" and more than ``AUTO_MAX_WIDE_SHARE`` of the entries, 32-bit
         columns (False); otherwise those blocks keep theirs in ``col_wide`` (True).
-        Either way the kernels are built again (the kernel cache has them after the
-        first time)."""
+        Either way the kernels are built again."""
         if self._col_bits_fallback and n_wide > AUTO_MAX_WIDE_SHARE * self.nnz:
             self.params["col_bits"] = 32
         else:
-            self.col_escape = True
+            self.col_escape, self.n_wide = True, n_wide
         self._col_bits_fallback = False
-        self.kernels, self._specs = {}, {}
-        self._build()
+        self._rebuild()
         return self.col_escape
 
     def read_csr(self, queue, wait_for=None, staging=None):

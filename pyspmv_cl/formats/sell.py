@@ -448,8 +448,7 @@ class SELL(LanesBlocks, SpMVFormat):
         kernels built again for them (the kernel cache has them after the first time)."""
         self.params["col_bits"] = 32
         self._col_bits_fallback = False
-        self.kernels, self._specs = {}, {}
-        self._build()
+        self._rebuild()
 
     def _too_wide(self):
         return FormatNotSuitableError(
