@@ -106,11 +106,12 @@ MERGE_DEFAULT_CPU = {"work_group_size": 64, "items_per_thread": 32}
 #: col_bits=16: the widest span of columns a row block may have (offsets 0..65535).
 MAX_BLOCK_SPAN = 0xFFFF
 #: col_bits="auto": 16-bit columns unless the blocks wider than ``MAX_BLOCK_SPAN``, kept
-#: in 32 bits, hold more than this share of the entries (then 32 bits throughout).  A
-#: guess, not a measurement: the escape's second loop cost up to 5% on an H100 (cage10
-#: x133 with one wide block against none), and with half the entries escaped the
-#: columns still take a quarter fewer bytes.
-AUTO_MAX_WIDE_SHARE = 0.5
+#: in 32 bits, hold more than this share of the entries (then 32 bits throughout).  On
+#: an H100 (cage10, astro-ph and Groebner_id2003_aug at 20M non-zeros, some copies given
+#: far entries, float32 and float64) the escape ran 0.6-4.5% faster than 32 bits at
+#: shares up to 0.13, within 2.3% either way from 0.18 to 0.26, and 1.2-4.7% slower in 9
+#: of 10 cases from 0.34; the crossings lay between 0.2 and 0.45 (BENCHMARKS.md, #18).
+AUTO_MAX_WIDE_SHARE = 0.3
 
 
 def adaptive_shape(dtype):
@@ -251,7 +252,7 @@ class CSRVector(CSRFormatBase):
         P.Param("col_bits", P.or_words(P.one_of(*COL_BITS), "auto"),
                 "bits of a stored column (mapping='adaptive'): 16 = an offset from the row "
                 "block's smallest column (a block spanning more than 65535 columns keeps "
-                "32), 'auto' = 16 unless such blocks hold over half of the entries"),
+                "32), 'auto' = 16 unless such blocks hold over 30% of the entries"),
         VALUE_BITS,
     )
     _col_bits_fallback = False    # col_bits="auto" resolved to 16 (analyse)
