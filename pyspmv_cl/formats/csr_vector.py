@@ -85,7 +85,7 @@ from .csr_common import (
     CSRFormatBase,
     default_block_mapping,
 )
-from .narrow_columns import segment_bounds
+from .narrow_columns import offsets_from, segment_bounds
 from .registry import register
 from .storage import VALUE_BITS, full_bits
 
@@ -180,7 +180,7 @@ def compress_block_columns(indices, indptr, row_blocks):
     its rows'), and its entries' uint16 offsets from it.  For a wider one: ``-1 - w``,
     where ``w`` is the position in ``col_wide`` (its entries' 32-bit columns, the wide
     blocks' one after another) of its first entry (a row's: of the row's first entry),
-    and offsets 0.  Vectorised: ``segment_bounds``, repeats and masks."""
+    and offsets 0.  Vectorised: ``segment_bounds``, ``offsets_from``, repeats and masks."""
     blocks = np.asarray(row_blocks, dtype=np.int64)
     indptr = np.asarray(indptr)
     ptr = indptr[blocks].astype(np.int64)
@@ -188,20 +188,18 @@ def compress_block_columns(indices, indptr, row_blocks):
     indices = np.asarray(indices)[:int(ptr[-1])]
     rows = np.diff(blocks)
     wide = high - low > MAX_BLOCK_SPAN
+    offsets = offsets_from(indices, low, counts)
     if not wide.any():
-        offsets = indices - host_arrays.repeat(low, counts)
-        return (low, host_arrays.repeat(low, rows), offsets.astype(np.uint16),
-                np.zeros(0, dtype=indices.dtype))
+        return (low, host_arrays.repeat(low, rows), offsets, np.zeros(0, dtype=indices.dtype))
     wide_counts = np.where(wide, counts, 0)
     at = np.cumsum(wide_counts) - wide_counts   # each wide block's first entry in col_wide
     entry_wide = host_arrays.repeat(wide, counts)
-    offsets = np.where(entry_wide, 0, indices - host_arrays.repeat(low, counts))
+    offsets[entry_wide] = 0   # (never read: the escape reads col_wide)
     block_of_row = host_arrays.repeat(np.arange(low.size), rows)
     row_wide = wide[block_of_row]
     row_at = at[block_of_row] + indptr[:-1] - ptr[block_of_row]
     row_base = np.where(row_wide, -1 - row_at, low[block_of_row])
-    return (np.where(wide, -1 - at, low), row_base, offsets.astype(np.uint16),
-            indices[entry_wide])
+    return np.where(wide, -1 - at, low), row_base, offsets, indices[entry_wide]
 
 
 def merge_groups(indptr, group_items):

@@ -36,7 +36,15 @@ def column_offsets(col_idx, seg_ptr, max_span, pad=None):
     if np.any(high - base > max_span):
         return None
     col_idx = np.asarray(col_idx)[:int(np.asarray(seg_ptr)[-1])]
+    return base, offsets_from(col_idx, base, counts, pad)
+
+
+def offsets_from(col_idx, base, counts, pad=None):
+    """Every entry's offset from its segment's ``base`` (segments of ``counts`` entries,
+    one after another), as uint16 (an offset beyond 16 bits wraps: the caller either
+    checked the spans or overwrites those entries).  With ``pad``, padding entries
+    (below 0) are stored as ``pad``."""
     offsets = col_idx - host_arrays.repeat(base, counts)
     if pad is not None:
         offsets = np.where(col_idx >= 0, offsets, pad)
-    return base, offsets.astype(np.uint16)
+    return offsets.astype(np.uint16)
