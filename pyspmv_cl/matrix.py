@@ -36,6 +36,7 @@ from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, spin_seconds, wait_and_read
 from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
 from .launching import in_order
+from .numbering import hint as numbering_hint
 from .tuning.online import CPU_BYTES_PER_SECOND
 from .tuning.tuner import select
 
@@ -177,6 +178,11 @@ class SpMV:
             self.conversion_time = self._impl.conversion_seconds
             self.build_time = self._impl.build_seconds
         self.format = format
+        # A hint to renumber a scattered matrix (GPUs; sampled, about a millisecond),
+        # kept for the explanation an online tuning writes later.
+        self._numbering_hint = numbering_hint(host_csr, self.dtype.itemsize) \
+            if profile.is_gpu and host_csr is not None else ""
+        self.explanation += self._numbering_hint
         self._staging = {}
         # Block staging (grow-only, by role): copies of X and Y, the column path's blocks.
         self._block_staging = StagingBlocks(self.device.context, self.dtype)
@@ -537,7 +543,7 @@ class SpMV:
         if not done:
             return
         if tuning.state == "done":
-            self.explanation = tuning.decision.explanation
+            self.explanation = tuning.decision.explanation + self._numbering_hint
         elif tuning.state == "failed":
             self.explanation += f" (online tuning failed: {tuning.error}; kept the start format)"
         self._online = None
