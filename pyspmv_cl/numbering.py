@@ -18,12 +18,12 @@ GROUP_ROWS = 32
 #: Entries per row looked at (the first ones: rows shorter than that count less).
 ENTRIES = 4
 #: Groups of rows sampled (fixed seed: the same matrix always gives the same number).
-SAMPLES = 512
+SAMPLES = 256
 #: Bytes of a cache line.
 LINE_BYTES = 128
-#: Lines (of 32 at most) from which the explanation suggests renumbering: wing has 30.4
-#: (2.4x faster renumbered, float32 sell on an H100); the other shared matrices 2.2-14.7
-#: (astro-ph 14.7: 1.1-1.2x; the rest within a few per cent, or slower).
+#: Lines (of 32 at most) from which the explanation suggests renumbering: wing has 30.2
+#: (2.4x faster renumbered, float32 sell on an H100); the other shared matrices 2.2-14.4
+#: (astro-ph 14.4: 1.1-1.2x; the rest within a few per cent, or slower).
 HINT_LINES = 20.0
 
 
@@ -31,9 +31,9 @@ def scattered_lines(indptr, indices, itemsize) -> float | None:
     """Mean number of distinct ``LINE_BYTES`` lines of x (values of ``itemsize`` bytes)
     that the k-th entries (k < ``ENTRIES``) of ``GROUP_ROWS`` consecutive rows touch, over
     ``SAMPLES`` groups of rows drawn with a fixed seed; None for fewer rows than a group
-    or no entries.  Vectorised over the sampled groups (about 1 ms at 20M entries on the
-    2-core development VM: random reads of indptr and indices).  Shared
-    matrices: wing 30.4 (float32), astro-ph 14.7, the other eight 2.2-7.4; given a
+    or no entries.  Vectorised over the sampled groups (with 512 of them: 0.9-1.8 ms at
+    20M entries on an H100's host, random reads of indptr and indices; 256 now).  Shared
+    matrices: wing 30.2 (float32), astro-ph 14.4, the other eight 2.2-7.3; given a
     random numbering, 18-31."""
     indptr = np.asarray(indptr)
     m = indptr.size - 1
@@ -68,7 +68,7 @@ def hint(csr, itemsize) -> str:
     lines = scattered_lines(csr.indptr, csr.indices, itemsize)
     if lines is None or lines < HINT_LINES:
         return ""
-    return (f" Its numbering scatters the reads of x ({lines:.0f} cache lines of "
+    return (f"; its numbering scatters the reads of x ({lines:.0f} cache lines of "
             f"{GROUP_ROWS} per load of {GROUP_ROWS} rows' entries): renumbered once, e.g. "
             "by reverse Cuthill-McKee, and solved in that numbering, its products may run "
             "about twice as fast (wing: 2.4x on an H100; README, 'Matrices numbered "
