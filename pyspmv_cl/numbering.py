@@ -35,7 +35,7 @@ def scattered_lines(indptr, indices, itemsize) -> float | None:
     20M entries on an H100's host, random reads of indptr and indices; 256 now).  Shared
     matrices: wing 30.2 (float32), astro-ph 14.4, the other eight 2.2-7.3; given a
     random numbering, 18-31."""
-    indptr = np.asarray(indptr)
+    indptr, indices = np.asarray(indptr), np.asarray(indices)
     m = indptr.size - 1
     groups = m // GROUP_ROWS
     if groups == 0 or indptr[-1] == 0:
@@ -50,8 +50,7 @@ def scattered_lines(indptr, indices, itemsize) -> float | None:
         present = lengths > k
         if not present.any():
             break
-        lines = np.where(present, np.asarray(indices)[np.where(present, starts + k, 0)]
-                         // per_value, -1)
+        lines = np.where(present, indices[np.where(present, starts + k, 0)] // per_value, -1)
         lines.sort(axis=1)
         distinct = (np.diff(lines, axis=1) != 0).sum(axis=1) + (lines[:, 0] >= 0)
         used = present.any(axis=1)

@@ -21,22 +21,22 @@ def shuffled(A, seed=0):
 
 
 def test_a_local_numbering_reads_few_lines_and_a_random_one_many():
-    A = mesh()
+    A, B = mesh(), shuffled(mesh())
     local = scattered_lines(A.indptr, A.indices, 4)
-    scattered = scattered_lines(shuffled(A).indptr, shuffled(A).indices, 4)
+    scattered = scattered_lines(B.indptr, B.indices, 4)
     # a 2-D stencil numbered row by row: a load of 32 rows' k-th entries spans about
     # 32 + 60 columns, 3-4 lines of 32 floats; at random nearly every entry its own line
     assert 1 <= local <= 5 < HINT_LINES < scattered <= GROUP_ROWS
     # wider values, more lines for the same columns
     assert scattered_lines(A.indptr, A.indices, 8) > local
     assert hint(A, 4) == ""
-    text = hint(shuffled(A), 4)
+    text = hint(B, 4)
     assert "reverse Cuthill-McKee" in text and f"{scattered:.0f} cache lines" in text
 
 
 def test_counted_exactly_on_a_small_case():
-    # 32 rows: row i holds the single column 32 * i (each its own line of 32 floats),
-    # then columns i and i + 1 for a second entry (two lines at most)
+    # 32 rows: row i holds column 32 * i (each its own line of 32 floats), then column
+    # 32 * 40 + i (all 32 in one line): 32 lines for the first load, 1 for the second
     rows = np.arange(32)
     A = sp.csr_matrix((np.ones(64), (np.repeat(rows, 2),
                                      np.stack([32 * rows, 32 * 40 + rows]).T.ravel())),
