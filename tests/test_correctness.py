@@ -581,42 +581,78 @@ def test_csr_vector_merge_edge_cases(wg, items, reduction, dtype, device, rng):
 
 
 def test_adaptive_row_blocks_literal():
-    """Rows of lengths 3, 1, 0, 9, 2, 2, 1, 5 with windows of 4 entries and at most 3
-    rows a block: starts 0, 3, 4, 4, 13, 15, 17, 18 lie in windows 0, 0, 1, 1, 3, 3,
-    4, 4; rows 3 and 7 (9 and 5 > 4 entries) stand alone; the row grid cuts at rows 3
-    and 6."""
+    """Rows of lengths 3, 1, 0, 9, 2, 2, 1, 5, blocks of at most 4 entries and 3 rows,
+    filled greedily: rows 0-2 (4 entries, 3 rows), row 3 alone (9 > 4), rows 4-5 (row 6
+    would make 5 entries), row 6 (row 7 would make 6), row 7 alone."""
     from pyspmv_cl.formats.csr_vector import adaptive_row_blocks
 
     indptr = np.concatenate([[0], np.cumsum([3, 1, 0, 9, 2, 2, 1, 5])])
-    np.testing.assert_array_equal(adaptive_row_blocks(indptr, 3, 4), [0, 2, 3, 4, 6, 7, 8])
+    np.testing.assert_array_equal(adaptive_row_blocks(indptr, 3, 4), [0, 3, 4, 6, 7, 8])
     np.testing.assert_array_equal(adaptive_row_blocks(np.zeros(1), 3, 4), [0])
-    # Empty rows: only the row grid cuts.
+    # Empty rows: only the row count cuts.
     np.testing.assert_array_equal(adaptive_row_blocks(np.zeros(8), 3, 4), [0, 3, 6, 7])
 
 
-@pytest.mark.parametrize("parallel_min", [1, 2, 7, 1 << 21])
-def test_adaptive_row_blocks_in_pieces(monkeypatch, parallel_min):
-    """The rows cut into pieces on threads (host_arrays.PARALLEL_MIN forced down) give
-    the blocks of the rules written out row by row, on fresh random row lengths (empty
-    rows, long rows, both index types, several grids and windows)."""
-    from pyspmv_cl import host_arrays
-    from pyspmv_cl.formats.csr_vector import adaptive_row_blocks
+def greedy_row_blocks(indptr, per_block, capacity):
+    """The greedy row blocks written out row by row (the reference)."""
+    m, starts, first = len(indptr) - 1, [0], 0
+    while first < m:
+        last = first + 1
+        while (last < m and last - first < per_block
+               and indptr[last + 1] - indptr[first] <= capacity):
+            last += 1
+        starts.append(last)
+        first = last
+    return starts
 
-    monkeypatch.setattr(host_arrays, "PARALLEL_MIN", parallel_min)
+
+def test_adaptive_row_blocks_greedy():
+    """On fresh random row lengths (empty rows, long rows, both index types, several
+    row counts and capacities): greedy_walk over all the rows in one piece gives the
+    blocks of the walk written out row by row; adaptive_row_blocks (groups taken as
+    they are, the rest walked in pieces) gives valid blocks (consecutive rows, at most
+    per_block of them and capacity entries, a longer row alone), at most two more a
+    piece or run of groups than that walk."""
+    from pyspmv_cl.formats.csr_vector import adaptive_row_blocks, greedy_walk
+
     rng = np.random.default_rng()
-    for _ in range(200):
-        m = int(rng.integers(1, 60))
-        lengths = rng.integers(0, 12, m) * (rng.random(m) < 0.8)
+    for _ in range(300):
+        m = int(rng.integers(1, 400))
+        lengths = rng.integers(0, 12, m) * (rng.random(m) < rng.uniform(0.1, 1))
         if rng.random() < 0.3:
-            lengths[rng.integers(m)] = 200
+            lengths[rng.integers(m, size=3)] = 200
         indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(
             rng.choice([np.int32, np.int64]))
-        per_block, window = int(rng.choice([1, 2, 3, 16])), int(rng.choice([4, 8, 24]))
-        want = [i for i in range(m)
-                if i == 0 or i % per_block == 0
-                or indptr[i] // window != indptr[i - 1] // window
-                or lengths[i] > window or lengths[i - 1] > window] + [m]
-        np.testing.assert_array_equal(adaptive_row_blocks(indptr, per_block, window), want)
+        per_block, capacity = int(rng.choice([1, 2, 3, 16, 128])), int(rng.choice([4, 8, 24, 1024]))
+        want = greedy_row_blocks(indptr, per_block, capacity)
+        walked = greedy_walk(indptr, per_block, capacity, np.array([0]), np.array([m]))
+        np.testing.assert_array_equal(np.append(walked, m), want)
+        steps = int(rng.choice([1, 2, 5, 1 << 30]))
+        got = adaptive_row_blocks(indptr, per_block, capacity, steps=steps)
+        rows, entries = np.diff(got), np.diff(indptr[got])
+        assert got[0] == 0 and got[-1] == m and np.all(rows > 0)
+        assert np.all(rows <= per_block)
+        assert np.all((entries <= capacity) | (rows == 1))
+        pieces = max(1, max(int(indptr[-1]) // capacity, m // per_block) // steps)
+        assert got.size - len(want) <= 2 * (pieces + m // per_block + 1)
+        groups = np.arange(0, m, per_block)
+        fit = indptr[np.minimum(groups + per_block, m)] - indptr[groups] <= capacity
+        if fit.all() or (not fit.any() and steps == 1 << 30):   # one walk, or none
+            np.testing.assert_array_equal(got, want)
+
+
+def test_adaptive_capacity():
+    """One window of entries for 4-byte values; two for 8-byte ones unless
+    work_group_size rows of the mean length fill less than two windows."""
+    from pyspmv_cl.formats.csr_vector import adaptive_capacity
+
+    short = np.arange(0, 601, 6)     # 100 rows of 6 entries: 128 * 6 < 2 * 512
+    long = np.arange(0, 1001, 10)    # 100 rows of 10: 128 * 10 >= 2 * 512
+    assert adaptive_capacity(long, 128, 8, np.float32) == 1024
+    assert adaptive_capacity(long, 128, 4, np.float64) == 1024
+    assert adaptive_capacity(long, 128, 4, np.complex128) == 1024
+    assert adaptive_capacity(short, 128, 4, np.float64) == 512
+    assert adaptive_capacity(np.zeros(1), 128, 4, np.float64) == 512
 
 
 @pytest.mark.parametrize("work_group_size", [1, 96, 128])

@@ -14,7 +14,12 @@ from matrix_cases import CASES, check_against_scipy, check_all, read_back
 
 import pyspmv_cl as psc
 from pyspmv_cl.errors import InvalidParameterError
-from pyspmv_cl.formats.csr_vector import AUTO_MAX_WIDE_SHARE, MAX_BLOCK_SPAN, adaptive_row_blocks
+from pyspmv_cl.formats.csr_vector import (
+    AUTO_MAX_WIDE_SHARE,
+    MAX_BLOCK_SPAN,
+    adaptive_capacity,
+    adaptive_row_blocks,
+)
 
 GPU = dict(simd_width=32, device_type="gpu")
 ADAPTIVE = {"mapping": "adaptive", "work_group_size": 16, "items_per_thread": 3}
@@ -70,11 +75,11 @@ def make(device, A, dtype, where, **params):
                     device=device, dtype=dtype, **params)
 
 
-def expected_columns(A, wg, items):
+def expected_columns(A, wg, items, dtype):
     """col_base, row_base, col_off and col_wide computed block by block from the row
     blocks: a block spanning more than MAX_BLOCK_SPAN columns appends its columns to
     col_wide, and its base (a row's) is -1 - where its first column went there."""
-    blocks = adaptive_row_blocks(A.indptr, wg, wg * items)
+    blocks = adaptive_row_blocks(A.indptr, wg, adaptive_capacity(A.indptr, wg, items, dtype))
     col_base = np.zeros(blocks.size - 1, np.int64)
     row_base = np.zeros(A.shape[0], np.int64)
     offsets = np.zeros(A.nnz, np.int64)
@@ -108,7 +113,7 @@ def test_arrays_and_products(device, dtype, where):
     assert op.params["col_bits"] == 16
     arrays = read_back(op, types={"col_off": np.uint16})
     assert "col_idx" not in arrays and "col_wide" not in arrays
-    col_base, row_base, offsets, _ = expected_columns(A, 16, 3)
+    col_base, row_base, offsets, _ = expected_columns(A, 16, 3, dtype)
     np.testing.assert_array_equal(arrays["col_base"][:col_base.size], col_base)
     np.testing.assert_array_equal(arrays["row_base"][:A.shape[0]], row_base)
     np.testing.assert_array_equal(arrays["col_off"][:A.nnz], offsets)
@@ -168,7 +173,7 @@ def test_wide_blocks_escape(device, dtype, where):
     skip_without_fp64(device, dtype)
     rng = np.random.default_rng(13)
     A = few_wide(rng)
-    col_base, row_base, offsets, col_wide = expected_columns(A, 16, 3)
+    col_base, row_base, offsets, col_wide = expected_columns(A, 16, 3, dtype)
     assert 0 < col_wide.size < AUTO_MAX_WIDE_SHARE * A.nnz and (col_base >= 0).any()
     op = make(device, A, dtype, where, col_bits="auto", **ADAPTIVE)
     assert op.params["col_bits"] == 16 and op._impl.col_escape

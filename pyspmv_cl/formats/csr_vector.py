@@ -13,12 +13,13 @@ the rows into blocks (``row_blocks``), one work-group each:
   items_per_thread`` products at a time, into local memory;
 - each row is then added up from there by as many work-items as the group holds per
   row (a power of two: one each for a block of ``work_group_size`` short rows, all of
-  them for a row longer than a window, which is a block of its own), and their partial
-  sums are combined (``reduction``).
+  them for a row longer than a block may hold, which is a block of its own), and their
+  partial sums are combined (``reduction``).
 
-Blocks are cut, without a loop over rows, where a row's first entry enters a new window
-of ``work_group_size * items_per_thread`` entries, every ``work_group_size`` rows (one
-work-item per row), and around long rows.  One launch; no scratch.
+Blocks are filled greedily (``adaptive_row_blocks``): consecutive rows while they hold
+at most one window of ``work_group_size * items_per_thread`` entries (two for 8-byte
+values and longer rows, ``adaptive_capacity``) and at most ``work_group_size`` rows
+(one work-item per row).  One launch; no scratch.
 
 ``col_bits=16`` (adaptive mapping only) stores each column as a 16-bit offset
 (``col_off``) from its row block's smallest column (``col_base``, one index per block;
@@ -137,41 +138,90 @@ def vector_size_for(mean_row_length, simd_lanes):
     return size
 
 
-def adaptive_row_blocks(indptr, rows_per_block, window):
+def adaptive_capacity(indptr, work_group_size, items_per_thread, dtype):
+    """How many entries the adaptive mapping's row blocks may hold: one window
+    (``work_group_size * items_per_thread``), two for values of 8 bytes or more unless
+    the rows are so short that ``work_group_size`` of them fill less than two windows.
+
+    On an H100 (ten matrices at 20M non-zeros, BENCHMARKS.md, #18) float32 ran 1-14%
+    slower with blocks of two of its 1024-entry windows than of one; float64, whose
+    windows hold 512, ran faster with two on 6 of 9 matrices (Groebner_id2003_aug 92.2
+    -> 87.7 us, 3% slower on astro-ph), but 18% slower on rajat01, whose 6.3 entries a
+    row fill only 806 of the 1024 a block of 128 rows could hold."""
+    window = work_group_size * items_per_thread
+    indptr = np.asarray(indptr)
+    m = indptr.size - 1
+    if np.dtype(dtype).itemsize < 8 or m <= 0:
+        return window
+    mean_row = int(indptr[-1]) / m
+    return 2 * window if mean_row * work_group_size >= 2 * window else window
+
+
+def adaptive_row_blocks(indptr, rows_per_block, capacity, steps=32):
     """First row of each block, then the number of rows (CSR-Adaptive's row blocks).
 
-    A block starts at row 0, where a row's first entry lies in another ``window`` of
-    entries than the previous row's, every ``rows_per_block`` rows, and at a row longer
-    than ``window`` and the row after it.  So a block of several rows holds at most
-    ``rows_per_block`` rows and fewer than ``2 * window`` entries."""
-    indptr = np.asarray(indptr)   # int32 or int64 as given: no widening copy
-    if indptr.dtype.kind not in "iu":
-        indptr = indptr.astype(np.int64)
+    Filled greedily: a block takes the next rows while they hold at most ``capacity``
+    entries and number at most ``rows_per_block``; a row longer than ``capacity`` is a
+    block of its own.  So no block of several rows spills into a second window of the
+    kernel, and the windows are nearly full: on an H100 (20M non-zeros) the blocks used
+    to be cut where a row's first entry entered another aligned window and every
+    ``rows_per_block`` rows, which left 44-58% of the window slots empty, and
+    csr-vector's adaptive kernel ran 5-21% faster with greedy blocks on 8 of 10
+    matrices (astro-ph float32 90.6 -> 82.8 us, rajat01 119.9 -> 96.7; BENCHMARKS.md).
+
+    Where ``rows_per_block`` rows from a multiple of it hold at most ``capacity``
+    entries (short rows), that group is the greedy walk's block from its first row, and
+    is taken as it is.  The rest goes to :func:`greedy_walk` in pieces of about
+    ``steps`` blocks (cut at those groups and at equal shares of the rows and of the
+    entries); a piece's last block may be short: a few per cent more blocks than one
+    walk over all the rows (wing x83: 41,474 against 40,224, before the groups were
+    taken as they are)."""
+    indptr = np.asarray(indptr)
     m = indptr.size - 1
     if m <= 0:
         return np.zeros(1, dtype=np.int64)
-    # Vectorised over rows, in as few passes as possible (5M rows: 75-170 -> 17 ms here):
-    # a shift for the usual power-of-two window, a stride for the rows_per_block cuts.
-    # Rows in pieces on several threads (host_arrays.map_pieces: wing x83, 5.1M rows,
-    # took 37 ms of a 114 ms setup on the lent H100's host in one piece); each piece
-    # reads the row before it, whose window and length its first cut depends on.
-    shift = window.bit_length() - 1 if window & (window - 1) == 0 else None
+    groups = np.arange(0, m, rows_per_block, dtype=np.int64)
+    group_ends = np.minimum(groups + rows_per_block, m)
+    fits = indptr[group_ends] - indptr[groups] <= capacity
+    if fits.all():
+        return np.append(groups, m)
+    nnz = int(indptr[-1])
+    pieces = max(1, max(nnz // capacity, m // rows_per_block) // steps)
+    cuts = np.unique(np.concatenate([
+        [0, m], groups[1:][fits[1:] != fits[:-1]],   # where a run of fitting groups ends
+        np.linspace(0, m, pieces + 1).astype(np.int64),
+        np.searchsorted(indptr, np.linspace(0, nnz, pieces + 1)[1:-1])]))
+    first, end = cuts[:-1], cuts[1:]
+    walk = ~fits[first // rows_per_block]   # pieces in runs of groups that do not fit
+    walked = greedy_walk(indptr, rows_per_block, capacity, first[walk], end[walk])
+    return np.append(np.sort(np.concatenate([groups[fits], walked])), m)
 
-    def starts(lo, hi):
-        first = max(lo - 1, 0)   # the row before the piece (row 0: itself)
-        ptr = indptr[first:hi + 1]
-        windows = ptr[:-1] >> shift if shift is not None else ptr[:-1] // window
-        cut = np.empty(hi - first, dtype=bool)
-        cut[0] = True   # row 0; otherwise the row before, dropped below
-        np.not_equal(windows[1:], windows[:-1], out=cut[1:])
-        cut[(-first) % rows_per_block::rows_per_block] = True
-        long = np.diff(ptr) > window
-        cut[1:] |= long[1:]
-        cut[1:] |= long[:-1]
-        rows = np.flatnonzero(cut)
-        return rows[1:] + first if lo > 0 else rows
 
-    return np.concatenate([*host_arrays.map_pieces(starts, m), [m]])
+def greedy_walk(indptr, rows_per_block, capacity, first, end):
+    """The first rows of the greedy blocks of each piece of rows ``first[i]:end[i]``
+    (see :func:`adaptive_row_blocks`), the pieces' walks advanced in lock step (numpy
+    arrays of one element a piece), each step a binary search over the next
+    ``rows_per_block`` rows of each piece."""
+    indptr = np.asarray(indptr)
+    m = indptr.size - 1
+    found = [first]
+    top = 1 << (int(rows_per_block).bit_length() - 1)
+    while first.size:
+        # The most rows k (at least 1) the block at `first` can take: bit by bit.
+        limit = np.minimum(first + rows_per_block, end) - first
+        reach = indptr[first].astype(np.int64) + capacity   # (no int32 overflow)
+        k = np.zeros_like(first)
+        bit = top
+        while bit:
+            more = k + bit
+            fits = (more <= limit) & (indptr[np.minimum(first + more, m)] <= reach)
+            k = np.where(fits, more, k)
+            bit >>= 1
+        first = first + np.maximum(k, 1)
+        going = first < end
+        first, end = first[going], end[going]
+        found.append(first)
+    return np.concatenate(found)
 
 
 def compress_block_columns(indices, indptr, row_blocks):
@@ -640,7 +690,8 @@ class CSRVector(CSRFormatBase):
                     "fix_groups": fix.astype(self.index_dtype)}
         if not self._adaptive:
             return {}
-        blocks = adaptive_row_blocks(indptr, wg, wg * self.params["items_per_thread"])
+        capacity = adaptive_capacity(indptr, wg, self.params["items_per_thread"], self.dtype)
+        blocks = adaptive_row_blocks(indptr, wg, capacity)
         self.n_blocks = blocks.size - 1
         return {"row_blocks": blocks.astype(self.index_dtype)}
 
