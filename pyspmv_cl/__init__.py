@@ -16,6 +16,7 @@ from .errors import (
     IndexOverflowError,
     InvalidInputError,
     InvalidParameterError,
+    InvalidTypeError,
     KernelBuildError,
     PySpMVError,
     UnknownParameterError,
@@ -42,5 +43,5 @@ __all__ = [
     "DeviceProfile", "PySpMVError", "UnsupportedDtypeError", "DeviceCapabilityError",
     "DeviceMemoryError", "IndexOverflowError", "FormatNotSuitableError",
     "DeviceNotFoundError", "KernelBuildError", "InvalidParameterError", "UnknownParameterError",
-    "InvalidInputError", "UnsupportedLayoutError",
+    "InvalidInputError", "UnsupportedLayoutError", "InvalidTypeError",
 ]

@@ -102,6 +102,11 @@ def current_values(op) -> np.ndarray:
     source = op._structure_source
     if isinstance(source, DeviceCSR):
         return source.data.get(op.queue).astype(op.dtype)
+    if source is None or source.data is None:   # a format that reads its CSR back
+        (_, _, data), events = impl.read_csr(op.queue)
+        if events:
+            cl.wait_for_events(events)
+        return data.astype(op.dtype, copy=False)
     return np.asarray(source.data, dtype=op.dtype)
 
 
@@ -180,6 +185,10 @@ def rmatmul(op, x):
     if x.ndim == 1:
         return op.T.matvec(x)
     if x.ndim == 2:
+        if isinstance(x, cla.Array):   # device blocks are row-major: x.T made so, on the
+            queue = x.queue if x.queue is not None else op.queue   # host (a copy)
+            x = cla.to_device(queue, np.ascontiguousarray(x.get(queue=queue).T))
+            return op.T.matmat(x).T
         return op.T.matmat(x.T).T
     raise InvalidInputError(f"x @ op needs a 1-D or 2-D x, not shape {x.shape}")
 
@@ -192,10 +201,16 @@ def check_block(X, name):
 
 
 def _conj(a):
-    """The conjugate of a host or device array (a new array)."""
-    if isinstance(a, cla.Array):
-        return a.conj()
-    return np.conj(a)
+    """The conjugate of a host or device array (a new array).  On the device, after
+    ``a``'s pending events and leaving its own on the result: pyopencl's ``conj`` waits
+    for none, and on an out-of-order queue it ran before the product writing ``a``."""
+    if not isinstance(a, cla.Array):
+        return np.conj(a)
+    if a.dtype.kind != "c":
+        return a
+    result = cla.empty_like(a)
+    result.add_event(cla.Array._conj(result, a, wait_for=list(a.events) or None))
+    return result
 
 
 def _conjugated_product(product, x, out, alpha, beta):
@@ -208,14 +223,17 @@ def _conjugated_product(product, x, out, alpha, beta):
     if out is None:
         return _conj(product(x, out=None, alpha=alpha, beta=0.0))
     if isinstance(out, cla.Array):
-        work = out.conj() if beta != 0 else cla.empty_like(out)
-        result = product(x, out=work, alpha=alpha, beta=beta).conj()
-        cla.Array._copy(out, result, queue=out.queue)
+        work = _conj(out) if beta != 0 else cla.empty_like(out)
+        result = _conj(product(x, out=work, alpha=alpha, beta=beta))
+        out.add_event(cla.Array._copy(out, result, queue=out.queue,
+                                      wait_for=[*result.events, *out.events] or None))
         return out
     if out.dtype.kind == "c":
         np.conjugate(out, out=out)
-        product(x, out=out, alpha=alpha, beta=beta)
-        np.conjugate(out, out=out)
+        try:
+            product(x, out=out, alpha=alpha, beta=beta)
+        finally:   # conjugated back: the result, or out as given when refused
+            np.conjugate(out, out=out)
         return out
     return product(x, out=out, alpha=alpha, beta=beta)   # a real out: refused there
 

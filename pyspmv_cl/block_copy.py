@@ -68,7 +68,7 @@ def wants_copy(op, k: int) -> bool:
     """Whether a product of ``k`` vectors should run on the block copy: the operator's
     format has no block kernels, and the caller did not tune for blocks."""
     if k < 2 or not op._allow_block_copy or op._impl.has_block_kernels \
-            or not op._structure_source.nnz:   # no entries: nothing to read twice
+            or not op._nnz:   # no entries: nothing to read twice
         return False
     tuning = op.tuning
     return tuning is None or (tuning.block_size or 1) == 1
@@ -78,12 +78,12 @@ def copy_seconds(op) -> float:
     """What building the copy is guessed to cost the caller."""
     rate = COPY_SECONDS_PER_MNNZ_IN_ORDER if op._impl.value_read == "reshape" \
         else COPY_SECONDS_PER_MNNZ
-    return rate * op._structure_source.nnz / 1e6
+    return rate * op._nnz / 1e6
 
 
 def saved_seconds(op, k: int) -> float:
     """What the copy is guessed to save one product of ``k`` vectors."""
-    nbytes = product_bytes(op._structure_source.nnz, *op.shape, op.dtype)
+    nbytes = product_bytes(op._nnz, *op.shape, op.dtype)
     rate = CPU_BYTES_PER_SECOND if op.device.profile.is_cpu else GPU_BYTES_PER_SECOND
     return SAVED_SHARE * k * nbytes / rate
 

@@ -15,7 +15,7 @@ from .device import devices, get_device
 from .errors import PySpMVError
 from .features import MatrixFeatures
 from .formats import FORMATS
-from .inputs import resolve_dtype
+from .inputs import needs_fp64, resolve_dtype
 from .tuning import database_dir, select
 
 
@@ -142,15 +142,16 @@ def _cmd_tune(args):
         except ValueError as exc:
             print(f"pyspmv-cl tune: {exc}", file=sys.stderr)
             return 2
-        if A.dtype.kind == "c":
-            print(f"pyspmv-cl tune: {name}: complex matrices are not supported", file=sys.stderr)
+        if A.dtype.kind == "c" and args.dtype != "default":   # (a real type drops parts)
+            print(f"pyspmv-cl tune: {name}: a complex matrix is tuned in its own type: "
+                  "leave --dtype at default", file=sys.stderr)
             refused += 1
             continue
         dtypes = ([np.float32, np.float64] if args.dtype == "both" else
                   [resolve_dtype(None, A.dtype, device.profile)] if args.dtype == "default"
                   else [np.dtype(args.dtype)])
         jobs += [(name, A, np.dtype(d)) for d in dtypes
-                 if np.dtype(d) != np.float64 or device.profile.fp64]
+                 if not needs_fp64(d) or device.profile.fp64]
     bar = None if args.quiet else bench.ProgressBar(total=len(jobs))
     rows = []
     for name, A, dtype in jobs:

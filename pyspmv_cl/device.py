@@ -19,7 +19,12 @@ import pyopencl as cl
 
 from .cache import get_program, memory_generation
 from .codegen import helper
-from .errors import DeviceNotFoundError, InvalidInputError, KernelBuildError
+from .errors import (
+    DeviceNotFoundError,
+    InvalidInputError,
+    InvalidTypeError,
+    KernelBuildError,
+)
 from .host_buffers import COPY, in_place_mode
 
 DEVICE_ENV = "PYSPMV_CL_DEVICE"
@@ -62,7 +67,8 @@ class DeviceProfile:
     def replace(self, **changes):
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise TypeError(f"unknown DeviceProfile field(s): {', '.join(sorted(unknown))}")
+            raise InvalidTypeError(
+                f"unknown DeviceProfile field(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **changes)
 
     @property
@@ -552,8 +558,8 @@ def get_device(device=None, *, work=None):
     if isinstance(device, (int, np.integer)):
         device = str(int(device))
     if not isinstance(device, str):
-        raise TypeError(f"device must be a Device, pyopencl Device/Context/CommandQueue, "
-                        f"int or str, not {type(device).__name__}")
+        raise InvalidTypeError(f"device must be a Device, pyopencl Device/Context/"
+                               f"CommandQueue, int or str, not {type(device).__name__}")
     if not device.strip():   # a blank selection would match every device's name
         raise DeviceNotFoundError(f"device selection {device!r} (from {source}) is blank: "
                                   "name a device (e.g. '0:1', gpu, cpu, pocl) or leave it "

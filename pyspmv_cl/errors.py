@@ -54,6 +54,12 @@ class UnknownParameterError(PySpMVError, TypeError):
     """A keyword that no format parameter (or no chosen format) has."""
 
 
+class InvalidTypeError(PySpMVError, TypeError):
+    """An argument of a kind the call does not take (a dense array as the matrix, a
+    sparse x, a string as alpha), or a required one missing (``shape=`` with a CSR
+    triple): a ``TypeError``, as Python raises for those."""
+
+
 class InvalidInputError(PySpMVError, ValueError):
     """A matrix, vector or shape that is malformed or does not fit the operator."""
 

@@ -185,6 +185,19 @@ def cast(values, dtype) -> np.ndarray:
     return out
 
 
+def copy(values) -> np.ndarray:
+    """A new C-contiguous copy of ``values`` (1-D), filled piece by piece on several
+    threads when large: the operator's own copy of a pattern (``matrix._kept_pattern``)
+    took 15-25 ms of a 20M-non-zero setup in one thread on an H100's host."""
+    values = np.asarray(values)
+    pieces = _split(values.size) if values.ndim == 1 else None
+    if pieces is None:
+        return np.array(values, order="C", copy=True)
+    out = np.empty(values.shape, values.dtype)
+    _run(lambda a, b: np.copyto(out[a:b], values[a:b]), pieces)
+    return out
+
+
 def min_max(values):
     """``(values.min(), values.max())`` of a non-empty array, the pieces of a large one
     on several threads."""

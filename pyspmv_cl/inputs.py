@@ -5,8 +5,13 @@ anything reaches a device where a bad index would read out of bounds."""
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import DeviceCapabilityError, InvalidInputError, UnsupportedDtypeError
-from .host_arrays import min_max
+from .errors import (
+    DeviceCapabilityError,
+    InvalidInputError,
+    InvalidTypeError,
+    UnsupportedDtypeError,
+)
+from .host_arrays import map_pieces, min_max
 
 REAL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
@@ -26,8 +31,8 @@ def needs_fp64(dtype) -> bool:
 def check_triple(data, indices, indptr, shape):
     """``(rows, cols)`` of a ``(data, indices, indptr)`` triple with ``shape``, after
     the checks that need no pass over the entries (numpy or pyopencl arrays alike)."""
-    if shape is None:   # a missing argument: TypeError, as Python raises for one
-        raise TypeError("shape=(rows, cols) is required with a (data, indices, indptr) "
+    if shape is None:   # a missing argument: a TypeError, as Python raises for one
+        raise InvalidTypeError("shape=(rows, cols) is required with a (data, indices, indptr) "
                         "triple")
     rows, cols = check_shape(shape)
     for name, arr in (("data", data), ("indices", indices), ("indptr", indptr)):
@@ -46,9 +51,11 @@ def check_triple(data, indices, indptr, shape):
 
 def _csr_from_triple(A, shape):
     if len(A) != 3:
-        raise TypeError("a CSR triple must be (data, indices, indptr)")
+        raise InvalidTypeError("a CSR triple must be (data, indices, indptr)")
     data, indices, indptr = (np.asarray(a) for a in A)
     rows, cols = check_triple(data, indices, indptr, shape)
+    if indptr.dtype == np.uint64:   # row lengths must come out signed (features' sums);
+        indptr = indptr.astype(np.int64)   # a wrapped value fails validate_csr's order
     # Build without scipy's own checks; validate_csr below checks everything vectorised.
     csr = sp.csr_matrix((rows, cols), dtype=data.dtype if data.size else np.float64)
     csr.data, csr.indices, csr.indptr = data, indices, indptr
@@ -98,7 +105,7 @@ def as_host_csr(A, shape=None):
     elif isinstance(A, tuple):
         csr = _csr_from_triple(A, shape)
     else:
-        raise TypeError(
+        raise InvalidTypeError(
             f"expected a scipy.sparse matrix or array, or (data, indices, indptr) with "
             f"shape=..., not {type(A).__name__} (convert dense data with "
             "scipy.sparse.csr_matrix first)")
@@ -106,6 +113,41 @@ def as_host_csr(A, shape=None):
         raise UnsupportedDtypeError(f"matrix dtype {csr.dtype} is not numeric")
     validate_csr(csr)
     return csr
+
+
+def check_value_range(data, dtype, what="the matrix") -> None:
+    """Refuse finite values of ``data`` that overflow the operator's ``dtype`` (float64
+    values past float32's 3.4e38 would become inf in a float32 operator), as value_bits'
+    storage refuses them (formats/storage.py); Inf and NaN given stay.  Only where
+    ``data``'s type reaches further than ``dtype``: one min/max pass on several threads,
+    the offending values counted only in a piece that fails it."""
+    data = np.asarray(data)
+    if data.dtype.kind not in "fc" or not data.size or \
+            np.finfo(data.dtype).max <= np.finfo(dtype).max:
+        return
+    real = np.finfo(dtype).dtype   # (a complex type's part)
+    largest = float(np.finfo(real).max)
+
+    def overflows(part):
+        def piece(a, b):
+            p = part[a:b]
+            if -largest <= p.min() and p.max() <= largest:   # (False with NaN or inf)
+                return 0, 0.0
+            with np.errstate(invalid="ignore", over="ignore"):
+                bad = p[np.isinf(p.astype(real)) & np.isfinite(p)]   # rounded to inf
+            return bad.size, float(np.abs(bad).max()) if bad.size else 0.0
+        return map_pieces(piece, part.size)
+
+    parts = (data.real, data.imag) if data.dtype.kind == "c" else (data,)
+    found = [hit for part in parts for hit in overflows(part.reshape(-1))]
+    count = sum(n for n, _ in found)
+    if count:
+        wider = {"float32": "float64", "complex64": "complex128"}.get(np.dtype(dtype).name)
+        advice = f", or build the operator with dtype=numpy.{wider}" if wider else ""
+        raise InvalidInputError(
+            f"{count} finite value(s) of {what} overflow {np.dtype(dtype)} (largest finite "
+            f"{largest:.6g}; largest |value| given {max(v for _, v in found):.6g}) and would "
+            f"be stored as inf: scale the values{advice}")
 
 
 def resolve_dtype(requested, matrix_dtype, profile):
@@ -148,19 +190,19 @@ def check_scalar(name, value, complex_ok):
     if not complex_ok:
         return check_real_scalar(name, value)
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be a number, not the string {value!r}")
+        raise InvalidTypeError(f"{name} must be a number, not the string {value!r}")
     try:
         return complex(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, not {value!r}") from None
+        raise InvalidTypeError(f"{name} must be a number, not {value!r}") from None
 
 
 def check_real_scalar(name, value):
     if isinstance(value, (str, bytes)):   # float("2") would take it silently
-        raise TypeError(f"{name} must be a real number, not the string {value!r}")
+        raise InvalidTypeError(f"{name} must be a real number, not the string {value!r}")
     if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
         raise UnsupportedDtypeError(f"{name} must be real, got {value!r}")
     try:
         return float(np.real(value))
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, not {value!r}") from None
+        raise InvalidTypeError(f"{name} must be a real number, not {value!r}") from None

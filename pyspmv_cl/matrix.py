@@ -8,6 +8,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 
+from . import host_arrays
 from .adjoint import (
     TransposedCopy,
     TransposedView,
@@ -22,6 +23,7 @@ from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
 from .errors import (
     DeviceCapabilityError,
     InvalidInputError,
+    InvalidTypeError,
     PySpMVError,
     UnknownParameterError,
     UnsupportedDtypeError,
@@ -34,7 +36,14 @@ from .formats.columns import ColumnPath, StagingBlocks, columns_product
 from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, spin_seconds, wait_and_read
-from .inputs import as_host_csr, check_scalar, is_complex, needs_fp64, resolve_dtype
+from .inputs import (
+    as_host_csr,
+    check_scalar,
+    check_value_range,
+    is_complex,
+    needs_fp64,
+    resolve_dtype,
+)
 from .launching import in_order
 from .numbering import hint as numbering_hint
 from .tuning.online import CPU_BYTES_PER_SECOND
@@ -140,6 +149,8 @@ class SpMV:
         csr = as_device_csr(A, shape, self.queue) if on_device else host_csr
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.dtype = resolve_dtype(dtype, csr.dtype, profile)
+        if host_csr is not None:   # float64 values past float32's range: refused, not inf
+            check_value_range(host_csr.data, self.dtype)
         # The diagonal count (a pass over the non-zeros) only where the choice reads it.
         features = MatrixFeatures.from_csr(csr, count_diagonals=False)
         self.tuning = None
@@ -193,9 +204,10 @@ class SpMV:
         # On an out-of-order queue: the last event of the latest product, which the next
         # one waits for (products share the staging buffers and the formats' scratch).
         self._previous = None
-        # The pattern, for update_values (references: no copy of the caller's arrays;
-        # a matrix given on the device is read back only if update_values needs it).
-        self._structure_source = csr
+        # The pattern, for update_values and the transposed and block copies: the
+        # operator's own, never the caller's host arrays (_kept_pattern).
+        self._nnz = int(csr.nnz)
+        self._structure_source = _kept_pattern(csr, A, self._impl, self.queue)
         self._updater = None
         self._values_version = 0
         self._latest_values = None   # kept while an online tuning may still switch
@@ -224,7 +236,9 @@ class SpMV:
 
     @property
     def nbytes_parts(self) -> dict:
-        """Device bytes by what they hold: ``matrix`` (the format's arrays and scratch),
+        """Device bytes by what they hold: ``matrix`` (the format's arrays and scratch;
+        for a matrix given on the device in a format other than the CSR kernels', the
+        copy of its column indices the operator keeps: ``_kept_pattern``),
         ``value_map`` (``update_values``' slot map, made by the first update) and
         ``transposed`` (the copy of A^T made by the first transposed product, its own
         value map included) and ``blocks`` (the CSR copy behind the block products of a
@@ -232,7 +246,9 @@ class SpMV:
         updater = self._updater
         copy = self._transposed
         blocks = self._block_copy
-        return {"matrix": self._impl.nbytes,
+        source = self._structure_source
+        kept = source.indices.nbytes if isinstance(source, DeviceCSR) else 0
+        return {"matrix": self._impl.nbytes + kept,
                 "value_map": updater.nbytes if updater is not None
                 and updater.fmt is self._impl else 0,
                 "transposed": copy.operator.nbytes if copy is not None else 0,
@@ -379,8 +395,8 @@ class SpMV:
         (a real operator given a complex one computes through ``_matvec_split``)."""
         if type(value) is float:   # the usual 1.0 and 0.0: what the checks would return
             return complex(value) if self.is_complex else value
-        if isinstance(value, (complex, np.complexfloating)) and np.imag(value) != 0:
-            return complex(value)
+        if isinstance(value, (complex, np.complexfloating)):   # numpy's rule goes by type:
+            return complex(value)                              # complex even if 1+0j
         return check_scalar(name, value, complex_ok=self.is_complex)
 
     @functools.cached_property
@@ -390,7 +406,7 @@ class SpMV:
         threads, for products guessed short from their bytes."""
         if not self.device.profile.is_cpu or runs_in_calling_thread(self.device):
             return 0.0
-        nbytes = product_bytes(self._structure_source.nnz, *self.shape, self.dtype)
+        nbytes = product_bytes(self._nnz, *self.shape, self.dtype)
         return spin_seconds(nbytes / CPU_BYTES_PER_SECOND)
 
     @functools.cached_property
@@ -430,7 +446,8 @@ class SpMV:
         z = self._matvec_host(np.real(x), None, 1.0, 0.0).astype(result_dtype)
         if x.dtype.kind == "c":
             z += 1j * self._matvec_host(np.imag(x), None, 1.0, 0.0)
-        z *= alpha
+        if alpha != 1:   # (1+0j) * inf would make the imaginary part NaN
+            z *= alpha
         if beta != 0:
             z += beta * out
         if out is None:
@@ -529,9 +546,14 @@ class SpMV:
             # Built on the measurement's own queue (done there); from now on this
             # operator's: its later uploads (update_values' maps) go on the operator's.
             impl.device = self.device
+            if self._structure_source is None and not _reads_pattern_back(impl):
+                # The start format could read the pattern back, the new one cannot:
+                # the measurement's snapshot of it (read from the device) is kept.
+                self._structure_source = _Pattern(*tuning.structure)
             if tuning.values_version != self._values_version:
                 # Values updated after the snapshot the candidates were built from.
-                ValueUpdater(impl, self._structure).update(self.queue, self._latest_values)
+                ValueUpdater(impl, lambda: self._structure, self._nnz).update(
+                    self.queue, self._latest_values)
             self._impl = impl
             self.format = fmt
             self._updater = None
@@ -548,6 +570,7 @@ class SpMV:
             self.explanation += f" (online tuning failed: {tuning.error}; kept the start format)"
         self._online = None
         self._latest_values = None
+        tuning.structure = None
 
     def finish_tuning(self, timeout=None) -> str:
         """With online tuning (``format="auto"`` on a matrix the tuning database does not
@@ -685,8 +708,8 @@ class SpMV:
 
     def _matvec_host(self, x, out, alpha, beta):
         if x is None or sp.issparse(x) or isinstance(x, (str, bytes, dict, set)):
-            raise TypeError(f"x must be a dense vector (a numpy or pyopencl array of "
-                            f"{self.shape[1]} numbers), not {type(x).__name__}")
+            raise InvalidTypeError(f"x must be a dense vector (a numpy or pyopencl array of "
+                                   f"{self.shape[1]} numbers), not {type(x).__name__}")
         x = np.asarray(x)
         self._check_vector_dtype("x", x.dtype)
         self._check_x_shape(x.shape)
@@ -869,7 +892,8 @@ class SpMV:
         if out is None:
             out = cla.empty(self.queue, expected, np.result_type(self.dtype, x.dtype))
         elif not _is_device_array(out):
-            raise TypeError("with a device-resident x, out must be a pyopencl array too")
+            raise InvalidTypeError("with a device-resident x, out must be a pyopencl array "
+                                   "too")
         self._check_out(out, expected)
         self._check_device_dtype(out, "out")
         y_buf = self._device_buffer(out, "out")
@@ -954,9 +978,12 @@ class SpMV:
 
     @property
     def _structure(self):
-        """(indices, indptr) on the host (read back once for a device matrix)."""
+        """(indices, indptr) of the matrix given, on the host: the operator's own
+        (``_kept_pattern``), read back once where the device holds them."""
         source = self._structure_source
-        if isinstance(source, DeviceCSR):
+        if source is None:
+            self._structure_source = source = _read_pattern(self._impl, self.queue)
+        elif isinstance(source, DeviceCSR):
             self._structure_source = source = source.to_host(self.queue)
         return source.indices, source.indptr
 
@@ -974,7 +1001,8 @@ class SpMV:
         (values coding their positions) and keeps those codes, one per stored slot, as
         the map.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
-        data = check_values(data, self._structure_source.nnz, complex_ok=self.is_complex)
+        data = check_values(data, self._nnz, complex_ok=self.is_complex, dtype=self.dtype,
+                            queue=self.queue)
         with self._lock:
             self._update_values(data)
 
@@ -985,7 +1013,8 @@ class SpMV:
         if self._online is not None:   # the winner will need these values too
             self._latest_values = np.array(data, dtype=self.dtype)
         if self._updater is None or self._updater.fmt is not self._impl:
-            self._updater = ValueUpdater(self._impl, self._structure)
+            # (The pattern only if the map needs it: the CSR kernels' does not.)
+            self._updater = ValueUpdater(self._impl, lambda: self._structure, self._nnz)
         self._updater.update(self.queue, data)
         if self._block_copy is not None:
             self._block_copy.update_values(data)
@@ -1002,6 +1031,53 @@ class SpMV:
         ``bicg``, ``bicgstab``, ``lsqr``, ``lsmr``, ``eigsh``...).  The transposed
         products build the transposed copy on first use (see ``rmatvec``)."""
         return linear_operator(self)
+
+
+class _Pattern:
+    """The pattern the operator keeps on the host (``data``: the values given, where
+    kept; None when read back)."""
+
+    def __init__(self, indices, indptr, data=None):
+        self.indices, self.indptr, self.data = indices, indptr, data
+
+
+def _reads_pattern_back(impl) -> bool:
+    """Whether ``impl`` holds the CSR arrays on the device as given (the CSR kernels:
+    their conversion is a cast), so ``read_csr`` gives the pattern back in its order."""
+    return type(impl).host_conversion_is_cast
+
+
+def _kept_pattern(csr, given, impl, queue):
+    """What the operator keeps of the pattern (``_structure``): nothing where the
+    device holds it (read back when first needed: no cost at setup); else indices and
+    indptr of its own, copied here where they are the caller's arrays (``given``'s),
+    which the caller may change in place later (``A.sort_indices()``,
+    ``A.sum_duplicates()``): host memory of 4-8 bytes per non-zero, a copy beside a
+    conversion that does more.  A matrix given on the device: its column indices copied
+    there (no transfer; ``indptr`` is on the host already), read back when needed.
+    (``data`` stays the caller's: only a format without a slot map would read it, and
+    every format has one.)"""
+    if _reads_pattern_back(impl):
+        return None
+    if isinstance(csr, DeviceCSR):
+        indices = csr.indices.copy(queue=queue)
+        indices.finish()   # before the caller's next change, on whatever queue
+        return DeviceCSR(csr.data, indices, None, csr.indptr, csr.shape, owned=True)
+    theirs = [a for a in (given if isinstance(given, tuple) else
+                          (getattr(given, "indices", None), getattr(given, "indptr", None)))
+              if isinstance(a, np.ndarray)]
+    indices, indptr = csr.indices, csr.indptr
+    if any(np.may_share_memory(mine, a) for mine in (indices, indptr) for a in theirs):
+        indices, indptr = host_arrays.copy(indices), host_arrays.copy(indptr)
+    return _Pattern(indices, indptr, csr.data)
+
+
+def _read_pattern(impl, queue) -> _Pattern:
+    """The pattern read back from the device arrays of ``impl`` (``_reads_pattern_back``)."""
+    (indptr, indices, _), events = impl.read_csr(queue)
+    if events:
+        cl.wait_for_events(events)
+    return _Pattern(indices, indptr)
 
 
 def _check_row_major(arr, name):

@@ -18,6 +18,11 @@ static inline real_t cmul(const real_t a, const real_t b)
     return (real_t)(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
 }
 #define MUL(a, b) cmul((a), (b))
+// alpha or beta times a value: exact when the scalar is 1 (BLAS's convention; a
+// product with 1 + 0j would make an Inf's other part 0 * Inf = NaN, scipy's not).
+// (all() of a vector comparison: Oclgrind 21.10 crashes on .x == 1 && .y == 0, as
+// NONZERO's note says)
+#define SCALE(s, v) (all((s) == (real_t)(1, 0)) ? (v) : cmul((s), (v)))
 // any() of the vector comparison: the same test as .x != 0 || .y != 0, which
 // Oclgrind 21.10's --uninitialized crashes on (SIGSEGV).
 #define NONZERO(a) any((a) != 0)
@@ -25,6 +30,7 @@ static inline real_t cmul(const real_t a, const real_t b)
 % else:
 typedef ${real_t} part_t;
 #define MUL(a, b) ((a) * (b))
+#define SCALE(s, v) ((s) * (v))
 #define NONZERO(a) ((a) != 0)
 #define CONJ(a) (a)
 % endif
@@ -80,8 +86,8 @@ ${helper("evict_first.cl")}
 ## beta is a kernel argument: the branch is uniform across the launch, and one
 ## compiled kernel serves both cases (half the builds of a specialisation).
 <%def name="store_y(row, value)">
-        y[${row}] = NONZERO(beta) ? MUL(alpha, (${value})) + MUL(beta, y[${row}])
-                                  : MUL(alpha, (${value}));
+        y[${row}] = NONZERO(beta) ? SCALE(alpha, (${value})) + SCALE(beta, y[${row}])
+                                  : SCALE(alpha, (${value}));
 </%def>
 ## Multi-vector (block) kernels: KB vectors at once, KB a compile-time constant.  Row i
 ## of the x block is x[i*ldx + x_col + 0..KB-1] (contiguous), of the y block
@@ -131,6 +137,10 @@ static inline realb_t cmulb(const real_t a, const realb_t b)
 }
 #define MULB(a, b) cmulb((a), (b))
 % endif
+% if is_complex:
+// A complex scalar times a row's sums: exact when it is 1, as SCALE.
+#define SCALEB(s, v) (all((s) == (real_t)(1, 0)) ? (v) : MULB((s), (v)))
+% endif
 // Row `col` of the x block.
 % if wide_complex:
 #define XROW(col) LOADB((__global const lane_t *)(x + (long)(col) * ldx + x_col))
@@ -152,9 +162,9 @@ static inline realb_t cmulb(const real_t a, const realb_t b)
         {
             __global lane_t *yr = (__global lane_t *)(y + (long)(${row}) * ldy + y_col);
             if (NONZERO(beta))
-                STOREB(MULB(alpha, (${value})) + MULB(beta, LOADB(yr)), yr);
+                STOREB(SCALEB(alpha, (${value})) + SCALEB(beta, LOADB(yr)), yr);
             else
-                STOREB(MULB(alpha, (${value})), yr);
+                STOREB(SCALEB(alpha, (${value})), yr);
         }
 % endif
 </%def>
@@ -197,8 +207,8 @@ static inline realb_t cmulb(const real_t a, const realb_t b)
         {
             __global real_t *yl = y + (long)(${row}) * ldy + y_col + lane;
 % for v in range(lane_columns):
-            yl[${v} * LPR] = NONZERO(beta) ? MUL(alpha, ${name}${v}) + MUL(beta, yl[${v} * LPR])
-                                  : MUL(alpha, ${name}${v});
+            yl[${v} * LPR] = NONZERO(beta) ? SCALE(alpha, ${name}${v}) + SCALE(beta, yl[${v} * LPR])
+                                  : SCALE(alpha, ${name}${v});
 % endfor
         }
 </%def>

@@ -1,9 +1,18 @@
 <%namespace name="c" file="common.mako"/>
 ## DIA (Bell & Garland): one work-item per row; diagonal d of row i at d * stride + i,
 ## so a group reads consecutive addresses.  A slot is multiplied only if it holds a
-## stored entry: value != 0 when no stored value is zero, else its bit in `mask`
+## stored entry: a bit of its value set when no stored value was zero at conversion
+## (padding is +0.0; update_values writes a new zero as -0.0), else its bit in `mask`
 ## (stored zeros must still turn x's inf/NaN into NaN, padding must not).
 ${c.preamble()}
+% if not has_mask:
+<% bits = "as_ulong" if is_double else "as_uint" %>
+% if is_complex:
+#define STORED(v) (${bits}((v).x) != 0 || ${bits}((v).y) != 0)
+% else:
+#define STORED(v) (${bits}(v) != 0)
+% endif
+% endif
 
 ${signature("dia")}
 {
@@ -16,7 +25,7 @@ ${signature("dia")}
 % if has_mask:
             if ((mask[slot >> 5] >> (slot & 31)) & 1u)
 % else:
-            if (NONZERO(v))
+            if (STORED(v))
 % endif
                 sum += MUL(v, x[row + offsets[d]]);
         }

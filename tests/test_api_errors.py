@@ -220,7 +220,7 @@ def test_complex_alpha_beta(op32, name, value):
 def test_non_numeric_alpha_beta(op32, name):
     op, _ = op32
     kwargs = {name: "two", "out": np.zeros(40, dtype=np.float32)}
-    with pytest.raises(TypeError, match=f"{name} must be a real number"):
+    with pytest.raises(psc.InvalidTypeError, match=f"{name} must be a real number"):
         op.matvec(np.ones(30, dtype=np.float32), **kwargs)
 
 
@@ -367,12 +367,12 @@ def test_triple_data_indices_length_mismatch(cpu_device):
 
 
 def test_triple_missing_shape(cpu_device):
-    with pytest.raises(TypeError, match="shape"):
+    with pytest.raises(psc.InvalidTypeError, match="shape"):
         psc.SpMV((np.ones(3), np.array([0, 1, 2]), np.array([0, 2, 3])), device=cpu_device)
 
 
 def test_triple_wrong_arity_and_kinds(cpu_device):
-    with pytest.raises(TypeError, match=r"\(data, indices, indptr\)"):
+    with pytest.raises(psc.InvalidTypeError, match=r"\(data, indices, indptr\)"):
         psc.SpMV((np.ones(3), np.array([0, 1, 2])), shape=(2, 3), device=cpu_device)
     with pytest.raises(TypeError, match="indices must hold integers"):
         psc.SpMV((np.ones(3), np.array([0.0, 1.0, 2.0]), np.array([0, 2, 3])), shape=(2, 3),
@@ -395,12 +395,12 @@ def test_shape_contradicts_sparse_matrix(cpu_device):
                                   lambda n: np.eye(n).tolist()],
                          ids=["ndarray", "np.matrix", "list"])
 def test_dense_matrix_refused(cpu_device, make):
-    with pytest.raises(TypeError, match="scipy.sparse"):
+    with pytest.raises(psc.InvalidTypeError, match="scipy.sparse"):
         psc.SpMV(make(3), device=cpu_device)
 
 
 def test_spmv_one_shot_validates_too(cpu_device):
-    with pytest.raises(TypeError, match="scipy.sparse"):
+    with pytest.raises(psc.InvalidTypeError, match="scipy.sparse"):
         psc.spmv(np.eye(3), np.ones(3), device=cpu_device)
 
 
@@ -470,9 +470,9 @@ def test_device_index_out_of_range(spec):
 
 
 def test_device_selection_of_wrong_type(rng):
-    with pytest.raises(TypeError, match="device must be"):
+    with pytest.raises(psc.InvalidTypeError, match="device must be"):
         psc.get_device(1.5)
-    with pytest.raises(TypeError, match="device must be"):
+    with pytest.raises(psc.InvalidTypeError, match="device must be"):
         psc.SpMV(small_matrix(rng), device=object())
 
 
@@ -481,7 +481,7 @@ def test_x_must_be_a_dense_vector(bad, cpu_device):
     A = sp.random(30, 20, density=0.2, format="csr", random_state=0)
     op = psc.SpMV(A, format="csr-scalar", device=cpu_device)
     x = sp.eye(20, format="csr") if bad == "sparse" else bad
-    with pytest.raises(TypeError, match="x must be a dense vector .* of 20 numbers"):
+    with pytest.raises(psc.InvalidTypeError, match="x must be a dense vector .* of 20 numbers"):
         op @ x
 
 
@@ -500,7 +500,8 @@ def test_loose_inputs_are_refused(cpu_device, monkeypatch):
     negative tuning-budget rate each get a clear error."""
     A = sp.random(30, 20, density=0.2, format="csr", random_state=0)
     op = psc.SpMV(A, format="csr-scalar", device=cpu_device)
-    with pytest.raises(TypeError, match="alpha must be a real number, not the string"):
+    with pytest.raises(psc.InvalidTypeError,
+                       match="alpha must be a real number, not the string"):
         op.matvec(np.ones(20), alpha="2")
     with pytest.raises(psc.InvalidInputError, match="pair of integers"):
         psc.SpMV((A.data, A.indices, A.indptr), shape=(29.9, 20), device=cpu_device)
@@ -509,3 +510,54 @@ def test_loose_inputs_are_refused(cpu_device, monkeypatch):
     monkeypatch.setenv("PYSPMV_CL_TUNE_BUDGET", "-1")
     with pytest.raises(psc.InvalidParameterError, match="positive seconds"):
         psc.SpMV(A, device=cpu_device, tune=True)
+
+
+def test_type_errors_are_pyspmv_errors(cpu_device):
+    """Arguments of the wrong kind raise InvalidTypeError: a psc.PySpMVError (as every
+    error of the package) and a TypeError (as Python raises for them), with a message
+    that says what to pass."""
+    assert issubclass(psc.InvalidTypeError, psc.PySpMVError)
+    assert issubclass(psc.InvalidTypeError, TypeError)
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=0)
+    op = psc.SpMV(A, format="csr-scalar", device=cpu_device)
+    x_dev = cla.to_device(op.queue, np.ones(20))
+    calls = [
+        (lambda: psc.SpMV(np.eye(3), device=cpu_device), "scipy.sparse.csr_matrix first"),
+        (lambda: psc.SpMV((A.data, A.indices, A.indptr), device=cpu_device),
+         r"shape=\(rows, cols\) is required"),
+        (lambda: op @ sp.csr_matrix(np.ones((20, 1))), "x must be a dense vector"),
+        (lambda: op.matvec(np.ones(20), alpha="2"), "alpha must be a real number"),
+        (lambda: op.matvec(x_dev, out=np.zeros(30)), "out must be a pyopencl array"),
+    ]
+    for call, match in calls:
+        with pytest.raises(psc.InvalidTypeError, match=match):
+            call()
+
+
+@pytest.mark.parametrize("fmt, dtype, params", [
+    ("csr-scalar", np.float32, {}), ("dia", np.float32, {}), ("auto", np.float32, {}),
+    ("sell", np.float32, {"value_bits": 16}), ("csr-vector", np.complex64, {})])
+def test_values_past_the_operators_type_are_refused(cpu_device, rng, fmt, dtype, params):
+    """float64 values that the operator's float32 (complex64: either part) would hold as
+    inf are refused before anything is converted, naming the largest, not stored as inf
+    behind a numpy warning; Inf and NaN given, and values up to float32's largest, are
+    taken."""
+    A = sp.csr_matrix(sp.diags(rng.standard_normal(20)))
+    A.data[3] = 1e39 if np.dtype(dtype).kind == "f" else 0
+    if np.dtype(dtype).kind == "c":
+        A = A.astype(np.complex128)
+        A.data[3] = 1 - 2e39j
+    with pytest.raises(psc.InvalidInputError, match=r"1 finite value.*overflow .*2?e\+39"):
+        psc.SpMV(A, format=fmt, dtype=dtype, device=cpu_device, **params)
+    A.data[3] = np.inf
+    A.data[4] = np.nan
+    A.data[5] = -3.4e38
+    op = psc.SpMV(A, format=fmt, dtype=dtype, device=cpu_device)
+    x = np.zeros(20)
+    x[3:6] = 1
+    out = poisoned(20, dtype)
+    op.matvec(x, out=out)
+    expected = A.astype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64) @ x
+    assert np.array_equal(np.isnan(out), np.isnan(expected))
+    assert out[5] == np.dtype(dtype).type(-3.4e38)
+    assert np.isinf(out[3]) or np.dtype(dtype).kind == "c"   # (complex: inf * 0 parts)

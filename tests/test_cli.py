@@ -281,13 +281,26 @@ def test_bench_refuses_bad_options_before_running(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
-def test_tune_exits_non_zero_on_a_complex_matrix(tmp_path, capsys):
+def test_tune_takes_a_complex_matrix_in_its_own_type(tmp_path, capsys, monkeypatch):
+    """A complex matrix is tuned in its complex type (what SpMV(A) computes in); a real
+    --dtype, which would drop the imaginary parts, is refused (exit status 1)."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
     import scipy.io
     import scipy.sparse as sp
 
-    from pyspmv_cl.cli import main
+    from pyspmv_cl import cli
+    from pyspmv_cl.tuning.tuner import Decision
 
+    asked = []
+    monkeypatch.setattr(cli, "select", lambda csr, features, device, dtype, **k: asked.append(
+        dtype) or Decision("csr-scalar", {}, "measured because", "measured",
+                           kernel_seconds=1e-5))
     path = tmp_path / "complex.mtx"
     scipy.io.mmwrite(str(path), sp.random(20, 20, density=0.2, random_state=0) * (1 + 1j))
-    assert main(["tune", "--quiet", str(path)]) == 1
-    assert "complex matrices are not supported" in capsys.readouterr().err
+    argv = ["tune", "--device", DEVICES[0].id, "--quiet"]
+    assert cli.main([*argv, str(path)]) == 0
+    assert [d.kind for d in asked] == ["c"]
+    assert cli.main([*argv, "--dtype", "float32", str(path)]) == 1
+    assert "leave --dtype at default" in capsys.readouterr().err
+    assert len(asked) == 1

@@ -184,10 +184,14 @@ def test_measure_hands_over_a_faster_candidate_and_never_touches_it_again(device
     assert len(handed) == 1 and handed[0][0] != "csr-scalar"
     assert sum(c.get("handed_over", False) for c in entry["candidates"]) == 1
     assert timed.count(handed[0][2]) == 1   # timed once, before the hand-over; never after
+    text = tuner._describe(entry, chosen, None, "measured")
     if chosen.get("handed_over"):
         assert impl is None
+        # (not named the best of finalists it was never re-timed with)
+        assert f"{chosen['format']} was handed over at its first pass" in text, text
     else:
         assert impl is not None and impl is not handed[0][2]
+        assert f"{chosen['format']} has the lowest" in text, text
 
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])

@@ -196,6 +196,9 @@ def test_policy_from_environment(monkeypatch):
     monkeypatch.setenv("PYSPMV_CL_TUNE", "measure")
     op = psc.SpMV(A, format="auto", dtype=np.float32, device=DEVICES[0], tune_budget=0.5)
     assert op.tuning.source == "measured"
+    monkeypatch.setenv("PYSPMV_CL_TUNE", "bogus")   # the refusal names the variable
+    with pytest.raises(psc.InvalidParameterError, match="PYSPMV_CL_TUNE .* 'bogus'"):
+        psc.SpMV(A, format="auto", dtype=np.float32, device=DEVICES[0])
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -461,3 +464,23 @@ def test_row_statistics_past_64_bits(parallel_min, monkeypatch):
     lengths = np.diff(indptr)
     assert longest == lengths.max() and empty == 1
     assert std == pytest.approx(float(lengths.std()), rel=1e-12)
+
+
+def test_explanation_of_a_candidate_handed_over_early():
+    """A pick handed over at its first pass (never re-timed) is explained as such, not
+    as the lowest of the finalists re-timed without it."""
+    from pyspmv_cl.tuning import tuner
+
+    def cand(fmt, us, **flags):
+        return {"format": fmt, "params": {}, "kernel_seconds": us * 1e-6,
+                "conversion_seconds": 0.0, **flags}
+
+    cands = [cand("sell", 39.4, confirmed=True), cand("ell", 40.0, confirmed=True),
+             cand("ellr-t", 39.2, handed_over=True), cand("dia", 80.9)]
+    entry = {"candidates": cands}
+    chosen = tuner._pick(entry, None, {c["format"] for c in cands})
+    assert chosen["format"] == "ellr-t"
+    text = tuner._describe(entry, chosen, None, "measured")
+    assert "ellr-t was handed over at its first pass (ellr-t 39.2" in text, text
+    assert "2 finalists re-timed" in text and "not re-timed: dia" in text, text
+    assert "ellr-t has the lowest" not in text, text

@@ -274,3 +274,123 @@ def test_device_converted_operators_find_their_map_on_the_device(fmt, dtype, dev
     ref_t = sp.csr_matrix(B.T, dtype=ref.dtype) @ y
     tol_t = 1e-4 * (np.abs(B.T).astype(np.float64) @ np.abs(y) + 1e-30)
     assert np.all(np.abs(op.T @ y.astype(dtype) - ref_t) <= tol_t), fmt
+
+
+def _operator_or_skip(A, fmt, dtype, device, **kwargs):
+    op = make_operator(A, fmt, dtype=dtype, device=device, **kwargs, **(
+        {"max_padding": None} if fmt in ("ell", "ellr-t") else {}))
+    if op is None:
+        pytest.skip(f"{fmt} refuses this matrix")
+    return op
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64],
+                         ids=["float32", "float64", "complex64"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_zeros_set_by_an_update_still_multiply_inf(fmt, dtype, profile, device, rng):
+    """An entry that update_values sets to +0.0 is a stored entry: x's Inf there makes
+    its row NaN, as scipy's product (and an operator built with that zero) has it.  dia
+    and bccoo tell fill from stored entries by the sign of zero: the update must write
+    the same -0.0 their conversions write, on every path (host map, device codes, the
+    transposed copy, block products column by column and on the block copy)."""
+    from pyspmv_cl.formats import get_format
+
+    skip_without_fp64(device, dtype)
+    if np.dtype(dtype).kind == "c" and not get_format(fmt).complex_values:
+        pytest.skip(f"{fmt} takes no complex values")
+    A = banded_with_holes(rng)   # no stored zero: dia without its bitmap
+    if np.dtype(dtype).kind == "c":
+        A = A + 1j * sp.csr_matrix((rng.standard_normal(A.nnz), A.indices, A.indptr),
+                                   shape=A.shape)
+    A = sp.csr_matrix(A)
+    has_row, has_col = np.diff(A.indptr) > 0, np.bincount(A.indices, minlength=A.shape[1]) > 0
+    c = int(rng.choice(np.flatnonzero(has_row & has_col)))
+    dev = device.override(device_type=profile)
+    op = _operator_or_skip(A, fmt, dtype, dev, block_copy=False)
+    op_copies = _operator_or_skip(A, fmt, dtype, dev)
+    op_copies.build_transposed()   # copies made before the update, kept in step by it
+    op_copies.build_block_copy()
+    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    new = A.data * (2 + rng.random(A.nnz))
+    new[(A.indices == c) | (rows == c)] = 0   # row c and column c: +0.0
+    new[rng.random(A.nnz) < 0.2] = 0
+    B = A.copy()
+    B.data = new
+    x = rng.standard_normal(A.shape[1])
+    x[c] = np.inf
+    X = np.column_stack([x, rng.standard_normal(A.shape[1])])
+    X[c, 1] = np.nan
+    for current in (op, op_copies):
+        current.update_values(new)
+        out = poisoned(A.shape[0], dtype)
+        current.matvec(x, out=out)
+        assert np.isnan(out[rows[A.indices == c]]).all(), f"{fmt}: zeros in column {c} skipped"
+        _assert_matches(out, B, x, dtype)
+        _assert_matches(current.T @ x, B.T, x, dtype)
+        Y = current @ X
+        for j in range(2):
+            _assert_matches(Y[:, j], B, X[:, j], dtype)
+
+
+def _assert_matches(y, B, x, dtype):
+    if np.dtype(dtype).kind == "c":
+        ref = sp.csr_matrix(B, dtype=np.complex128) @ x
+        y = np.asarray(y, dtype=np.complex128)
+        assert np.array_equal(np.isnan(y), np.isnan(ref)), "NaN pattern differs from scipy"
+        finite = np.isfinite(ref)
+        scale = abs(B).astype(np.float64) @ np.where(np.isfinite(x), np.abs(x), 0)
+        assert np.all(np.abs(y[finite] - ref[finite]) <= 1e-4 * scale[finite] + 1e-30)
+        return
+    assert_close(y, reference(B, x), B, x, dtype)
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "sell", "dia"])
+def test_update_values_takes_a_pyopencl_array(fmt, device, rng):
+    """New values already on the device (a pyopencl array, any real type, a view at an
+    offset included) are read to the host and applied as a numpy array would be; the
+    transposed copy follows; a wrong length or a strided view is refused, naming what
+    to pass, and changes nothing."""
+    A = sp.csr_matrix(banded_with_holes(rng))
+    dtype = np.float64 if device.fp64 else np.float32
+    op = _operator_or_skip(A, fmt, dtype, device)
+    op.build_transposed()
+    x = rng.standard_normal(A.shape[1])
+    for new_dtype, offset in ((dtype, 0), (np.float32, 3)):
+        new = rng.standard_normal(A.nnz).astype(new_dtype)
+        buffer = cla.to_device(op.queue, np.concatenate([np.zeros(offset, new_dtype), new]))
+        op.update_values(buffer[offset:])
+        B = with_values(A, new)
+        out = poisoned(A.shape[0], dtype)
+        op.matvec(x, out=out)
+        assert_close(out, reference(B, x), B, x, dtype)
+        assert_close(op.T @ x, reference(B.T, x), B.T, x, dtype)
+    for bad, match in ((cla.to_device(op.queue, np.ones(A.nnz - 1)), f"needs {A.nnz} values"),
+                       (cla.to_device(op.queue, np.ones(2 * A.nnz))[::2], "contiguous"),
+                       (cla.to_device(op.queue, np.ones(A.nnz, np.complex64)), "complex")):
+        with pytest.raises(psc.PySpMVError, match=match):
+            op.update_values(bad)
+    out = poisoned(A.shape[0], dtype)
+    op.matvec(x, out=out)
+    assert_close(out, reference(B, x), B, x, dtype)   # unchanged
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "sell", "bccoo"])
+def test_update_values_refuses_values_past_float32(fmt, device, rng):
+    """A float32 operator refuses new float64 values that float32 would hold as inf,
+    naming the largest, and keeps its values; Inf and NaN given are taken as they are."""
+    A = sp.csr_matrix(banded_with_holes(rng))
+    op = _operator_or_skip(A, fmt, np.float32, device)
+    new = rng.standard_normal(A.nnz)
+    new[rng.integers(A.nnz)] = -1e39
+    with pytest.raises(psc.InvalidInputError, match=r"overflow float32.*1e\+39.*float64"):
+        op.update_values(new)
+    x = rng.standard_normal(A.shape[1])
+    out = poisoned(A.shape[0], np.float32)
+    op.matvec(x, out=out)
+    assert_close(out, reference(A, x), A, x, np.float32)   # unchanged
+    new[new == -1e39] = -np.inf
+    new[0] = np.nan
+    op.update_values(new)
+    B = with_values(A, new)
+    assert_close(op @ x, reference(B, x), B, x, np.float32)

@@ -368,6 +368,10 @@ class SpMVFormat:
     #: map of update_values, a host pass), "gather" (positions computed from the row
     #: pointers, then a gather) or "reshape" (a reshape of the arrays read, cheapest).
     value_read: typing.ClassVar[str] = "map"
+    #: Whether the kernels skip fill (+0.0) by its bits, so that a stored zero is held
+    #: as -0.0 (the real part's sign for complex values) and still multiplies x's
+    #: Inf/NaN (dia without its bitmap, bccoo): update_values marks new zeros alike.
+    signed_stored_zeros: typing.ClassVar[bool] = False
 
     @classmethod
     def device_conversion_takes(cls, csr, params: dict, dtype) -> bool:

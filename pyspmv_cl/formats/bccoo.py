@@ -83,6 +83,7 @@ class BCCOO(SpMVFormat):
     # the device (formats/bccoo_device.py); anything else is read back to the host.
     converts_on_device = True
     host_input_on_device = True
+    signed_stored_zeros = True   # fill is +0.0 (bccoo_convert.py)
     params = (
         P.Param("block_height", P.one_of(*BLOCK_HEIGHTS), "rows of a block"),
         P.Param("block_width", P.one_of(*BLOCK_WIDTHS), "columns of a block"),

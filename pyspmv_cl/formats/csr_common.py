@@ -75,11 +75,18 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
 
     def read_csr(self, queue, wait_for=None, staging=None):
         """The CSR arrays themselves, read without blocking (through ``staging``, a
-        blocking read in pieces, when given)."""
+        blocking read in pieces, when given); values stored in fewer bits
+        (``value_bits``) are read as they are stored and widened once read."""
         nnz = self.value_array_sizes["values"]
-        return self.read_arrays(queue, (("row_ptr", self.index_dtype, self.shape[0] + 1),
-                                        ("col_idx", self.index_dtype, nnz),
-                                        ("values", self.dtype, nnz)), wait_for, staging)
+        arrays, events = self.read_arrays(
+            queue, (("row_ptr", self.index_dtype, self.shape[0] + 1),
+                    ("col_idx", self.index_dtype, nnz),
+                    ("values", self.value_dtype, nnz)), wait_for, staging)
+        if self.value_dtype != self.dtype:
+            if events:
+                cl.wait_for_events(events)
+            arrays[2], events = arrays[2].astype(self.dtype), []
+        return arrays, events
 
     def read_arrays(self, queue, wanted, wait_for=None, staging=None):
         """``(arrays, events)``: the first ``size`` elements of each ``(name, dtype,

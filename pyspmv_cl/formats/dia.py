@@ -6,9 +6,11 @@ so consecutive rows (work-items) read consecutive addresses.  One work-item per 
 
 Stored entries and padding.  A diagonal slot with no stored entry must never multiply
 x (``0 * inf`` would be NaN where scipy gives nothing), while a stored zero must.  When
-no stored value is zero in the device dtype, "value != 0" tells them apart exactly and
-nothing more is stored; otherwise a validity bitmap (one bit per slot, ``d * stride +
-i``; 1/32 of the data in float32) marks the stored slots and the kernel tests the bit.
+no stored value is zero in the device dtype, "a bit of the value is set" tells them
+apart exactly (padding is +0.0) and nothing more is stored, and a zero that
+update_values stores later is written as -0.0; otherwise a validity bitmap (one bit per
+slot, ``d * stride + i``; 1/32 of the data in float32) marks the stored slots and the
+kernel tests the bit.
 Duplicate ``(row, column)`` entries are not summed (scipy multiplies each): the k-th
 repeat goes to a second copy of its diagonal (same offset, "layer" k), so every stored
 entry keeps a slot of its own.
@@ -123,6 +125,9 @@ class DIA(SpMVFormat):
     # formats/dia_device.py; rows out of order (duplicates: layers) are read back.
     converts_on_device = True
     host_input_on_device = True
+    # Without the bitmap the kernel tests a slot's bits: a zero set by update_values
+    # (none was stored at conversion, or there would be a bitmap) is held as -0.0.
+    signed_stored_zeros = True
     params = (
         P.work_group_size(),
         P.Param("max_fill", _limit_check(),

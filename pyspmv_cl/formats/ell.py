@@ -65,7 +65,7 @@ TUNING_MAX_PADDING = 3.0
 # Arrays this small are always accepted, whatever their padding ratio: tiny or odd
 # matrices (one dense row, 1 x 3000) still work, and cost next to nothing.
 SMALL_BYTES = 1 << 20
-ADVICE = "hyb, ellr-t or csr-vector"
+ADVICE = "hyb or csr-vector (ellr-t pads rows alike)"
 
 #: The ``ell`` kernel of templates/ell.mako.
 ELL_KERNEL = KernelSpec("ell", (scalar("n_rows", "long"), scalar("stride", "long"),

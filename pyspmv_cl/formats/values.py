@@ -22,11 +22,13 @@ import copy
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 import scipy.sparse as sp
 
 from ..codegen import KernelSpec, matrix, scalar, scratch
 from ..device_inputs import DeviceCSR
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
+from ..inputs import check_value_range
 from .base import upload, upload_all
 from .builder import ProgramSpec, build_program
 from .storage import to_storage
@@ -181,11 +183,14 @@ def _layout(fmt, structure):
 
 
 class ValueUpdater:
-    """Applies new values to one format instance (see the module docstring)."""
+    """Applies new values to one format instance (see the module docstring).
+    ``structure``: the ``(indices, indptr)`` of the pattern on the host, or a function
+    giving them, called only where the map needs them (``nnz`` then says the count:
+    formats holding the values in CSR order need nothing more)."""
 
-    def __init__(self, fmt, structure):
+    def __init__(self, fmt, structure, nnz=None):
         self.fmt = fmt
-        self.structure = structure
+        self._structure = structure
         self.nbytes = 0
         self._layout = None
         #: The host map's arrays: those copied straight, and name -> (count, slots,
@@ -193,12 +198,13 @@ class ValueUpdater:
         self.direct, self.device_layout = [], {}
         #: The map kept on the device as codes (an operator converted there), else None.
         self.codes = None
-        in_order = _csr_order(fmt, structure[0].size)
+        in_order = _csr_order(fmt, structure[0].size if nnz is None else nnz)
         if in_order is not None:   # copied straight in; the layout made only if read
             # (Before the codes: a CSR kernel given device arrays converts there too,
             # but its map is the identity, known without a second conversion.)
             self.has_map, self.direct = True, [in_order]
             return
+        structure = self.structure
         self.codes = _device_codes(fmt, structure)
         if self.codes is not None:
             self.has_map = True
@@ -239,6 +245,13 @@ class ValueUpdater:
         self.kernel = kernels["scatter_values"]   # this updater's own kernel object
 
     @property
+    def structure(self):
+        """``(indices, indptr)`` of the pattern on the host."""
+        if callable(self._structure):
+            self._structure = self._structure()
+        return self._structure
+
+    @property
     def layout(self):
         """{array name: (slots, sources)} on the host (decoded from the device's codes
         on first use there), or None without a map."""
@@ -252,6 +265,8 @@ class ValueUpdater:
         returns when the device holds them."""
         fmt = self.fmt
         data = np.ascontiguousarray(data, dtype=fmt.dtype)
+        if type(fmt).signed_stored_zeros:   # as the conversion holds them (every path)
+            data = mark_stored_zeros(data)
         if self.codes is not None:   # the codes on the device: one gather per array
             codes = self.codes
             self._launch_each(queue, GATHER, data, [
@@ -304,6 +319,16 @@ class ValueUpdater:
         src.release()
 
 
+def mark_stored_zeros(values: np.ndarray) -> np.ndarray:
+    """``values`` with each zero as -0.0 (a complex one's real part), a new array where
+    there is one: the sign bit tells a stored zero from fill (+0.0) in the formats whose
+    kernels skip fill by its bits (``signed_stored_zeros``)."""
+    zero = values == 0
+    if not zero.any():
+        return values
+    return np.where(zero, values.dtype.type(-0.0), values)
+
+
 def _moved_dtype(dtype):
     """The type the scatter kernel moves values of ``dtype`` as: half values (which
     OpenCL C cannot load without cl_khr_fp16) as their 16-bit patterns."""
@@ -314,20 +339,37 @@ def _is_identity(positions) -> bool:
     return bool(np.array_equal(positions, np.arange(positions.size)))
 
 
-def check_values(data, nnz: int, complex_ok: bool = False):
+def check_values(data, nnz: int, complex_ok: bool = False, dtype=None, queue=None):
     """``data`` as a 1-D numpy array of ``nnz`` numbers (real ones unless
-    ``complex_ok``: a complex operator), or a clear error."""
+    ``complex_ok``: a complex operator), or a clear error; a pyopencl array is checked
+    alike and read to the host (``queue``: where it has none), where an update starts
+    (rounding, stored zeros' sign, the transposed copy's order).  With ``dtype`` (the
+    operator's), finite values that would overflow it are refused."""
     if sp.issparse(data):
         raise InvalidInputError("update_values takes the new values array (CSR order, as "
                                 "A.data), not a sparse matrix")
+    if isinstance(data, cla.Array):
+        _check_kind_and_size(data, nnz, complex_ok)
+        if data.size and not data.flags.c_contiguous:   # pyopencl reads contiguous ones
+            raise InvalidInputError("update_values takes a contiguous pyopencl array (a "
+                                    "strided view cannot be read back): pass view.copy()")
+        data = data.get(queue=data.queue if data.queue is not None else queue)
     data = np.asarray(data)
+    _check_kind_and_size(data, nnz, complex_ok)
+    if dtype is not None:
+        check_value_range(data, dtype, "update_values' data")
+    return data
+
+
+def _check_kind_and_size(data, nnz, complex_ok):
     if data.dtype.kind == "c" and not complex_ok:
         raise UnsupportedDtypeError(
             f"values are complex ({data.dtype}); this operator is real: build it with "
             "dtype=numpy.complex64 or numpy.complex128 to update it with complex values")
     if data.dtype.kind not in "fiubc":
-        raise UnsupportedDtypeError(f"values must be numbers, not {data.dtype}")
+        raise UnsupportedDtypeError(
+            f"values must be numbers (a numpy or pyopencl array of {nnz}), not "
+            f"{data.dtype}")
     if data.ndim != 1 or data.size != nnz:
         raise InvalidInputError(f"update_values needs {nnz} values (one per stored entry, in "
                                 f"the CSR order of the matrix given), got shape {data.shape}")
-    return data

@@ -212,6 +212,9 @@ class OnlineTuning:
         self.error = None
         self.decision = None       # the final Decision (impl taken by the operator)
         self.values_version = None   # the operator's values when the snapshot was taken
+        #: The snapshot's (indices, indptr), for an operator that switches from a format
+        #: reading its pattern back to one that cannot (dropped once it has finished).
+        self.structure = None
         self._thread = None
         self._stop = False
         self._lock = threading.Lock()
@@ -352,6 +355,7 @@ class OnlineTuning:
             indptr, indices, data = arrays
             csr = sp.csr_matrix(shape, dtype=data.dtype)
             csr.data, csr.indices, csr.indptr = data, indices, indptr
+            self.structure = (indices, indptr)
             decision = self._run_measurement(csr, lambda: self._stop, self._offer,
                                              self.exclusive)
             with self._lock:

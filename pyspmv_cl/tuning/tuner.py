@@ -118,13 +118,15 @@ def check_block_size(block_size) -> int:
 
 
 def policy(tune):
+    source = "tune"
     if tune is None:
         tune = os.environ.get(TUNE_ENV, "auto").strip().lower() or "auto"
+        source = f"{TUNE_ENV} (the default of tune)"
     try:
         return _POLICIES[tune]
     except (KeyError, TypeError):
-        raise InvalidParameterError(f"tune must be None/'auto', True/'measure', False/'model', "
-                                    f"'online' or 'force', not {tune!r}") from None
+        raise InvalidParameterError(f"{source} must be None/'auto', True/'measure', "
+                                    f"False/'model', 'online' or 'force', not {tune!r}") from None
 
 
 def default_budget(nnz):
@@ -592,11 +594,19 @@ def _describe(entry, chosen, expected_calls, how):
     objective = (f"{product} x {expected_calls} calls + conversion" if expected_calls
                  else product)
     finalists = [c for c in cands if c.get("confirmed")]
+    handed = chosen.get("handed_over") and not chosen.get("confirmed")
     if finalists:   # their times are the re-timed ones: list them apart
         others = [c for c in cands if not c.get("confirmed")]
-        text = (f"{how}: {chosen['format']} has the lowest {objective} of the "
-                f"{len(finalists)} finalists re-timed in alternation ({listing(finalists)}) "
-                f"among {len(cands)} candidates")
+        if handed:   # in the caller's use since its first pass: never re-timed (_pick)
+            text = (f"{how}: {chosen['format']} was handed over at its first pass "
+                    f"({listing([chosen])}) and kept: lower than the {len(finalists)} "
+                    f"finalists re-timed in alternation ({listing(finalists)}) among "
+                    f"{len(cands)} candidates")
+            others = [c for c in others if c is not chosen]
+        else:
+            text = (f"{how}: {chosen['format']} has the lowest {objective} of the "
+                    f"{len(finalists)} finalists re-timed in alternation "
+                    f"({listing(finalists)}) among {len(cands)} candidates")
         if others:
             text += f" (first pass, not re-timed: {listing(others[:4])})"
     else:
