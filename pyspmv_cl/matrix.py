@@ -377,17 +377,21 @@ class SpMV:
         ``nbytes_parts["transposed"]``); products then run as fast as ``matvec`` and
         stay deterministic (no atomics).  ``update_values`` keeps the copy in step.
         """
-        alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
-        check_operands(self.H, x, out, beta, "rmatvec")
-        with self._lock:   # A and A^T in step: update_values holds it as well
-            return self.build_transposed().matvec(x, out=out, alpha=alpha, beta=beta)
+        return self._rproduct(x, out, alpha, beta, "rmatvec")
 
     def rmatmat(self, X, out=None, alpha=1.0, beta=0.0):
         """``alpha * A^H @ X + beta * out`` for a 2-D ``X`` of shape ``(m, k)``: the
         transposed copy's ``matmat`` (block kernels where its format has them; see
         ``matmat`` and ``rmatvec``)."""
         check_block(X, "rmatmat")
-        return self.rmatvec(X, out=out, alpha=alpha, beta=beta)
+        return self._rproduct(X, out, alpha, beta, "rmatmat")
+
+    def _rproduct(self, x, out, alpha, beta, name):
+        """rmatvec/rmatmat (``name``: what their errors are labelled)."""
+        alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
+        check_operands(self.H, x, out, beta, name)
+        with self._lock:   # A and A^T in step: update_values holds it as well
+            return self.build_transposed().matvec(x, out=out, alpha=alpha, beta=beta)
 
     # -- helpers -------------------------------------------------------------------------
     def _scalar(self, name, value):

@@ -123,3 +123,13 @@ def test_a_device_block_on_the_left(device, rng):
     assert isinstance(Y, cla.Array) and Y.shape == (3, 50)
     ref = (A.T.astype(np.float64) @ X.T.astype(np.float64)).T
     assert_close(Y.get().T, ref.T, A.T, X.T, np.float32)
+
+
+def test_rmatmat_errors_are_labelled_rmatmat(rng):
+    """A wrong block given to rmatmat is refused in rmatmat's name."""
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=rng)
+    op = psc.SpMV(A)
+    with pytest.raises(psc.InvalidInputError, match="^rmatmat: "):
+        op.rmatmat(np.ones((20, 3)))   # A^H takes 30 rows
+    with pytest.raises(psc.InvalidInputError, match="^rmatvec: "):
+        op.rmatvec(np.ones(20))
