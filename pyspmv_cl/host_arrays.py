@@ -177,12 +177,7 @@ def cast(values, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if values.dtype == dtype and values.flags.c_contiguous:
         return values
-    pieces = _split(values.size) if values.ndim == 1 else None
-    if pieces is None:
-        return np.ascontiguousarray(values, dtype=dtype)
-    out = np.empty(values.shape, dtype)
-    _run(lambda a, b: np.copyto(out[a:b], values[a:b], casting="unsafe"), pieces)
-    return out
+    return _filled(values, dtype)
 
 
 def copy(values) -> np.ndarray:
@@ -190,11 +185,17 @@ def copy(values) -> np.ndarray:
     threads when large: the operator's own copy of a pattern (``matrix._kept_pattern``)
     took 15-25 ms of a 20M-non-zero setup in one thread on an H100's host."""
     values = np.asarray(values)
+    return _filled(values, values.dtype)
+
+
+def _filled(values, dtype) -> np.ndarray:
+    """A new C-contiguous array of ``dtype`` holding ``values``, in pieces on several
+    threads when large (1-D)."""
     pieces = _split(values.size) if values.ndim == 1 else None
     if pieces is None:
-        return np.array(values, order="C", copy=True)
-    out = np.empty(values.shape, values.dtype)
-    _run(lambda a, b: np.copyto(out[a:b], values[a:b]), pieces)
+        return np.array(values, dtype=dtype, order="C", copy=True)
+    out = np.empty(values.shape, dtype)
+    _run(lambda a, b: np.copyto(out[a:b], values[a:b], casting="unsafe"), pieces)
     return out
 
 

@@ -348,14 +348,15 @@ def check_values(data, nnz: int, complex_ok: bool = False, dtype=None, queue=Non
     if sp.issparse(data):
         raise InvalidInputError("update_values takes the new values array (CSR order, as "
                                 "A.data), not a sparse matrix")
-    if isinstance(data, cla.Array):
+    if isinstance(data, cla.Array):   # checked before the read: no transfer of a wrong one
         _check_kind_and_size(data, nnz, complex_ok)
         if data.size and not data.flags.c_contiguous:   # pyopencl reads contiguous ones
             raise InvalidInputError("update_values takes a contiguous pyopencl array (a "
                                     "strided view cannot be read back): pass view.copy()")
         data = data.get(queue=data.queue if data.queue is not None else queue)
-    data = np.asarray(data)
-    _check_kind_and_size(data, nnz, complex_ok)
+    else:
+        data = np.asarray(data)
+        _check_kind_and_size(data, nnz, complex_ok)
     if dtype is not None:
         check_value_range(data, dtype, "update_values' data")
     return data
