@@ -4,13 +4,14 @@ program binaries.
 Key = SHA-256 of (rendered source, build options, platform name and version, device
 name, driver version, package version).  Disk entries live under the user cache
 directory (``PYSPMV_CL_CACHE_DIR`` moves it, ``PYSPMV_CL_NO_CACHE=1`` bypasses the
-disk layer).  Each file holds a header with the key and a digest of the binary;
-writes go to a temporary file renamed into place (``store.atomic_write``), so
-concurrent processes only ever see whole files.  A file that is truncated, corrupt,
-another key's or rejected by the driver is discarded and rebuilt (one warning per cache
-directory, however many such files it holds); the discard spares a fresh entry that
-another process renamed into place meanwhile.  An unwritable, read-only or full
-directory degrades to a memory-only cache with one warning, leaving no partial file.
+disk layer, ``PYSPMV_CL_CACHE_BINARIES=0`` too, for this cache only).  Each file holds
+a header with the key and a digest of the binary; writes go to a temporary file
+renamed into place (``store.atomic_write``), so concurrent processes only ever see
+whole files.  A file that is truncated, corrupt, another key's or rejected by the
+driver is discarded and rebuilt (one warning per cache directory, however many such
+files it holds); the discard spares a fresh entry that another process renamed into
+place meanwhile.  An unwritable, read-only or full directory degrades to a memory-only
+cache with one warning, leaving no partial file.
 """
 
 import hashlib
@@ -28,6 +29,14 @@ from .errors import KernelBuildError
 from .store import CACHE_DIR_ENV as CACHE_DIR_ENV  # re-exported: callers name them here
 from .store import NO_CACHE_ENV as NO_CACHE_ENV
 from .store import atomic_write, cache_dir, warn_once
+
+#: "0": compiled kernels are neither stored on disk nor read from there (tuning decisions
+#: still are).  The tests set it: each run has a cache directory of its own, where a
+#: stored binary is never read again, and PoCL compiles every kernel of a program once
+#: more, for any work-group size, to hand out its binary (a cold csr5 operator on the
+#: 2-core VM: 3.3-3.6 s with the binary, 2.2-2.8 s without).  Users keep the binaries:
+#: PoCL's own cache, warm, gave that operator in 0.25 s against 0.12 s from a binary.
+BINARIES_ENV = "PYSPMV_CL_CACHE_BINARIES"
 
 _MAGIC = b"PSCLBIN1"
 _HEADER = struct.Struct("<8s32s32sQ")  # magic, key digest, binary digest, binary length
@@ -185,7 +194,8 @@ def get_program(context, device, source, options=()):
             stats["memory_hits"] += 1
             return program
 
-    root = cache_dir()
+    binaries = os.environ.get(BINARIES_ENV, "").strip() != "0"
+    root = cache_dir() if binaries else None
     path = _entry_path(root, key) if root is not None else None
     program = None
     if path is not None:

@@ -14,6 +14,10 @@ import pyspmv_cl as psc
 if "PYSPMV_CL_CACHE_DIR" not in os.environ:
     import tempfile
     os.environ["PYSPMV_CL_CACHE_DIR"] = tempfile.mkdtemp(prefix="pyspmv-cl-test-cache-")
+    # No compiled kernels on disk (tests/test_cache*.py turn them back on): this run's
+    # cache would never read one back, and PoCL compiles every kernel of a program a
+    # second time to hand out its binary.
+    os.environ.setdefault("PYSPMV_CL_CACHE_BINARIES", "0")
 
 # PYSPMV_CL_TEST_DEVICES restricts the devices tested (a comma-separated list of
 # selections as PYSPMV_CL_DEVICE takes them, e.g. "nvidia" or "0:0,1:0").

@@ -43,6 +43,7 @@ def cache_root(tmp_path, monkeypatch):
     root = tmp_path / "kernel-cache"
     monkeypatch.setenv(cache.CACHE_DIR_ENV, str(root))
     monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv(cache.BINARIES_ENV, "1")   # conftest turns binaries off
     cache.clear_memory()
     yield root
     cache.clear_memory()
@@ -106,6 +107,29 @@ def test_cold_build_writes_one_file(device, cache_root):
     assert_valid_entry(files[0])
     assert not temporaries(cache_root)
     check_program(device, program)
+
+
+@pytest.mark.parametrize("setting", ["0", " 0 ", "1", ""])
+def test_binaries_can_be_left_off_disk(device, cache_root, monkeypatch, setting):
+    """PYSPMV_CL_CACHE_BINARIES=0 (the tests' default) builds without asking the driver
+    for a binary (PoCL compiles every kernel again for it) and writes nothing; any other
+    value keeps the disk layer."""
+    monkeypatch.setenv(cache.BINARIES_ENV, setting)
+    off = setting.strip() == "0"
+    asked = []
+    real_get_info = cl.Program.get_info
+    monkeypatch.setattr(cl.Program, "get_info", lambda self, what: (
+        asked.append(what), real_get_info(self, what))[1])
+    before = snapshot()
+    program = get(device, SOURCE + f"// {setting!r}\n")
+    assert delta(before)["builds"] == 1
+    assert (len(entries(cache_root)) == 0) is off
+    assert (cl.program_info.BINARIES in asked) is not off
+    check_program(device, program)
+    cache.clear_memory()
+    before = snapshot()
+    check_program(device, get(device, SOURCE + f"// {setting!r}\n"))
+    assert delta(before)["builds"] == int(off) and delta(before)["disk_hits"] == int(not off)
 
 
 def test_memory_hit(device, cache_root):
@@ -341,6 +365,7 @@ def test_cache_dir_under_a_file(device, tmp_path, monkeypatch):
     _ = device.profile  # the probe kernel is built before the cache path changes
     monkeypatch.setenv(cache.CACHE_DIR_ENV, str(root))
     monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv(cache.BINARIES_ENV, "1")
     cache.clear_memory()
     try:
         _expect_memory_only_with_one_warning(device, root)

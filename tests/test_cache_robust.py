@@ -43,6 +43,7 @@ def cache_root(tmp_path, monkeypatch):
     root = tmp_path / "kernel-cache"
     monkeypatch.setenv(cache.CACHE_DIR_ENV, str(root))
     monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv(cache.BINARIES_ENV, "1")   # conftest turns binaries off
     cache.clear_memory()
     yield root
     cache.clear_memory()
@@ -363,6 +364,7 @@ def test_entries_of_another_package_version(device, cache_root, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setenv(cache.CACHE_DIR_ENV, str(cache_root))
     monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv(cache.BINARIES_ENV, "1")
     cache.clear_memory()
     ctx, record = recorded()
     try:
