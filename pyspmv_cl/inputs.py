@@ -142,12 +142,19 @@ def check_value_range(data, dtype, what="the matrix") -> None:
     found = [hit for part in parts for hit in overflows(part.reshape(-1))]
     count = sum(n for n, _ in found)
     if count:
-        wider = {"float32": "float64", "complex64": "complex128"}.get(np.dtype(dtype).name)
-        advice = f", or build the operator with dtype=numpy.{wider}" if wider else ""
-        raise InvalidInputError(
-            f"{count} finite value(s) of {what} overflow {np.dtype(dtype)} (largest finite "
-            f"{largest:.6g}; largest |value| given {max(v for _, v in found):.6g}) and would "
-            f"be stored as inf: scale the values{advice}")
+        raise overflow_error(count, max(v for _, v in found), dtype, what)
+
+
+def overflow_error(count, largest_given, dtype, what="the matrix"):
+    """The error of ``check_value_range`` (and of its device twin in device_inputs.py):
+    ``count`` finite values past ``dtype``'s range, the largest ``largest_given``."""
+    wider = {"float32": "float64", "complex64": "complex128"}.get(np.dtype(dtype).name)
+    advice = f", or build the operator with dtype=numpy.{wider}" if wider else ""
+    largest = float(np.finfo(np.finfo(dtype).dtype).max)
+    return InvalidInputError(
+        f"{count} finite value(s) of {what} overflow {np.dtype(dtype)} (largest finite "
+        f"{largest:.6g}; largest |value| given {largest_given:.6g}) and would be stored "
+        f"as inf: scale the values{advice}")
 
 
 def resolve_dtype(requested, matrix_dtype, profile):

@@ -19,7 +19,7 @@ from .adjoint import (
 )
 from .block_copy import BlockCopy, copy_seconds, saved_seconds, wants_copy
 from .device import get_device, runs_in_calling_thread
-from .device_inputs import DeviceCSR, as_device_csr, is_device_triple
+from .device_inputs import DeviceCSR, as_device_csr, check_device_value_range, is_device_triple
 from .errors import (
     DeviceCapabilityError,
     InvalidInputError,
@@ -149,8 +149,11 @@ class SpMV:
         csr = as_device_csr(A, shape, self.queue) if on_device else host_csr
         self.shape = (int(csr.shape[0]), int(csr.shape[1]))
         self.dtype = resolve_dtype(dtype, csr.dtype, profile)
-        if host_csr is not None:   # float64 values past float32's range: refused, not inf
+        # float64 values past float32's range: refused, not stored as inf
+        if host_csr is not None:
             check_value_range(host_csr.data, self.dtype)
+        else:
+            check_device_value_range(csr.data, self.dtype, self.queue, profile.fp64)
         # The diagonal count (a pass over the non-zeros) only where the choice reads it.
         features = MatrixFeatures.from_csr(csr, count_diagonals=False)
         self.tuning = None

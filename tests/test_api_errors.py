@@ -561,3 +561,48 @@ def test_values_past_the_operators_type_are_refused(cpu_device, rng, fmt, dtype,
     assert np.array_equal(np.isnan(out), np.isnan(expected))
     assert out[5] == np.dtype(dtype).type(-3.4e38)
     assert np.isinf(out[3]) or np.dtype(dtype).kind == "c"   # (complex: inf * 0 parts)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_values_past_the_operators_type_on_the_device_are_refused(cpu_device, rng, dtype):
+    """The same refusal for a CSR given as pyopencl arrays (counted on the device): the
+    finite float64 values that round to inf in float32, each part of a complex one,
+    ties at the edge included; Inf, NaN and -3.4e38 are taken."""
+    q = cpu_device.queue
+    real = np.dtype(dtype).kind == "f"
+    A = sp.random(40, 30, density=0.3, format="csr", dtype=np.float64,
+                  random_state=int(rng.integers(1 << 30)))
+    if not real:
+        A = A.astype(np.complex128)
+    edge = float(np.finfo(np.float32).max)
+    half_ulp = (edge - float(np.nextafter(np.float32(edge), np.float32(0)))) / 2
+    over = [1e300, -edge - half_ulp, edge + 2 * half_ulp]   # the tie rounds to inf
+    kept = [np.inf, np.nan, -3.4e38, edge + half_ulp / 2]    # the last rounds to edge
+    with np.errstate(over="ignore"):
+        assert all(np.isinf(np.float32(v)) for v in over[1:])
+        assert np.float32(kept[3]) == np.float32(edge)
+    slots = rng.choice(A.nnz, len(over) + len(kept), replace=False)
+    for slot, value in zip(slots, over + kept):
+        A.data[slot] = value if real else complex(1, value) if slot % 2 else complex(value, 1)
+
+    def device_triple(M):
+        return tuple(cla.to_device(q, a) for a in (M.data, M.indices, M.indptr))
+
+    with pytest.raises(psc.InvalidInputError,
+                       match=rf"^{len(over)} finite value.*overflow {np.dtype(dtype)}.*1e\+300"):
+        psc.SpMV(device_triple(A), shape=A.shape, dtype=dtype, device=cpu_device)
+    with pytest.raises(psc.InvalidInputError, match=rf"^{len(over)} finite value"):
+        psc.SpMV(A, dtype=dtype, device=cpu_device)   # the host check agrees
+    for slot in slots[:len(over)]:
+        A.data[slot] = 2.5
+    op = psc.SpMV(device_triple(A), shape=A.shape, dtype=dtype, device=cpu_device)
+    x = rng.standard_normal(30)
+    out = poisoned(40, dtype)
+    op.matvec(x, out=out)
+    wide = np.complex128 if not real else np.float64
+    expected = A.astype(wide) @ x
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert np.array_equal(np.isnan(out), np.isnan(expected.astype(dtype)))
+    plain = np.abs(expected) < 1e30   # rows without the huge, Inf or NaN values
+    assert plain.sum() > 10
+    np.testing.assert_allclose(out[plain], expected[plain], rtol=1e-4, atol=1e-4)
