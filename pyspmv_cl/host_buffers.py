@@ -32,6 +32,14 @@ __kernel void pyspmv_cl_in_place_probe(__global float *a, const float s)
 """
 
 
+def usable_in_place(array: np.ndarray) -> bool:
+    """Whether the kernels may work in ``array``'s memory: at an address that is a
+    multiple of its item size, the alignment of the OpenCL type they read it as (a
+    complex128 value is a double2 of 16 bytes).  numpy calls an array at 8 bytes past
+    such an address aligned; PoCL's compiled double2 loads there crashed the process."""
+    return array.ctypes.data % array.dtype.itemsize == 0
+
+
 def host_buffer(context: cl.Context, array: np.ndarray, *, writable: bool) -> cl.Buffer:
     """A buffer over ``array``'s memory (C-contiguous, at least one element); pyopencl
     keeps ``array`` alive as long as the buffer."""

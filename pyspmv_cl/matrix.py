@@ -35,7 +35,7 @@ from .formats.base import instantiate
 from .formats.columns import ColumnPath, StagingBlocks, columns_product
 from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
-from .host_buffers import COPY, host_buffer, spin_seconds, wait_and_read
+from .host_buffers import COPY, host_buffer, spin_seconds, usable_in_place, wait_and_read
 from .inputs import (
     as_host_csr,
     check_scalar,
@@ -680,8 +680,11 @@ class SpMV:
         kernels read ``x_host`` (C-contiguous, ``op.dtype``) where it lies and write
         ``target`` itself when it is C-contiguous, in ``op.dtype`` and apart from x,
         else a temporary (holding target's values when beta != 0) copied into it."""
+        if x_host.size and not usable_in_place(x_host):
+            x_host = x_host.copy()   # (numpy allocates at 16 bytes or more)
         direct = (target.dtype == self.dtype and target.flags.c_contiguous
-                  and not np.may_share_memory(target, x_host))
+                  and not np.may_share_memory(target, x_host)
+                  and usable_in_place(target))
         y_host = target if direct else np.empty(target.shape, dtype=self.dtype)
         if beta != 0 and not direct:
             y_host[...] = target

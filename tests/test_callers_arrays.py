@@ -6,11 +6,14 @@ given (``SpMV._structure``: read back from the device by the CSR kernels, copied
 construction by the other formats; a matrix given on the device: its indices copied
 there)."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
-from conftest import assert_close, make_operator, poisoned, reference
+from conftest import FIRST_OF_EACH_TYPE, assert_close, make_operator, poisoned, reference
 from matrix_cases import CASES, csr_from_row_lengths
 
 import pyspmv_cl as psc
@@ -115,3 +118,58 @@ def test_a_format_switch_of_online_tuning_keeps_the_pattern(device, rng, empty_t
     check(op @ x, Bn, x)
     u = rng.standard_normal(B.shape[0])
     check(op.T @ u, Bn.T, u)
+
+
+MISALIGNED = r"""
+import sys
+import numpy as np, scipy.sparse as sp, pyspmv_cl as psc
+dev = psc.get_device(sys.argv[1])
+
+def at(offset, shape, dtype):
+    # A C-contiguous array of dtype at 64 * j + offset bytes (numpy calls it aligned
+    # when offset is a multiple of 8).
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    return raw[start:start + n].view(dtype).reshape(shape)
+
+rng = np.random.default_rng(int(sys.argv[2]))
+for dtype in (np.complex128, np.complex64, np.float64, np.float32):
+    A = sp.random(60, 45, density=0.2, format="csr", random_state=rng.integers(1 << 30))
+    A = (A + 1j * A if np.dtype(dtype).kind == "c" else A).astype(dtype)
+    for fmt in ("csr-scalar", "sell", "coo", "csr5"):
+        op = psc.SpMV(A, format=fmt, device=dev)
+        for offset in (8, 4, 1):
+            for k in (None, 1, 3):
+                xs, ys = ((45,), (60,)) if k is None else ((45, k), (60, k))
+                x = at(offset, xs, dtype)
+                x[...] = rng.standard_normal(xs)
+                out = at(offset, ys, dtype)
+                out[...] = np.nan
+                op.matvec(x, out=out)
+                ref = A.astype(np.complex128) @ x.astype(np.complex128)
+                tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-10
+                assert np.allclose(out, ref, rtol=tol, atol=tol), (dtype, fmt, offset, k)
+                assert np.allclose(op @ x, ref, rtol=tol, atol=tol), (dtype, fmt, offset, k)
+                r = at(offset, ys, dtype)
+                r[...] = rng.standard_normal(ys)
+                back = A.conj().T.astype(np.complex128) @ r.astype(np.complex128)
+                assert np.allclose(op.H @ r, back, rtol=tol, atol=tol), (dtype, fmt, offset, k)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("device", [d for d in FIRST_OF_EACH_TYPE if d.profile.is_cpu],
+                         ids=lambda d: d.id)
+def test_host_arrays_off_their_types_alignment(device, tmp_path, rng):
+    """Host x and out at addresses that are not multiples of their item size (a
+    complex128 array 8 bytes past a 16-byte boundary, which numpy calls aligned) are
+    copied rather than used in place: PoCL's double2 loads there crashed the process.
+    In a child process, so that a crash fails this test rather than the run."""
+    script = tmp_path / "misaligned.py"
+    script.write_text(MISALIGNED)
+    proc = subprocess.run([sys.executable, str(script), device.id,
+                           str(int(rng.integers(1 << 30)))],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", \
+        (proc.returncode, proc.stderr[-3000:])
