@@ -27,9 +27,14 @@ _warned_lock = threading.Lock()
 MISSING = object()
 
 
+def disk_off() -> bool:
+    """Whether ``PYSPMV_CL_NO_CACHE`` turns every store on disk off."""
+    return os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def cache_dir():
     """The root of every on-disk store, or None when disk storage is disabled."""
-    if os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+    if disk_off():
         return None
     configured = os.environ.get(CACHE_DIR_ENV)
     if configured:

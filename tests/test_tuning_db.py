@@ -97,6 +97,30 @@ def test_decision_reused_by_a_new_process_without_timing(db):
     assert any(c["format"] == first["format"] for c in entry["candidates"])
 
 
+@pytest.mark.parametrize("field, value", [
+    ("kernel_seconds", None), ("kernel_seconds", "fast"), ("kernel_seconds", -1.0),
+    ("kernel_seconds", True), ("conversion_seconds", "slow"), ("params", None),
+    ("format", 3)])
+def test_one_bad_candidate_damages_the_entry(db, rng, field, value):
+    """A stored entry whose candidates are not all well formed is ignored with one
+    warning and re-tuned (one null time used to raise TypeError in every process)."""
+    A = matrix()
+    tune(A)
+    (path,) = entries(db)
+    entry = json.loads(path.read_text())
+    assert len(entry["candidates"]) >= 2
+    entry["candidates"][-1][field] = value
+    path.write_text(json.dumps(entry))
+    database.clear_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = tune(A)
+    assert op.tuning.source == "measured"
+    assert any("damaged tuning entry" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+    check(op, A, rng)
+
+
 def test_concurrent_processes_tuning_same_and_different_keys(db):
     procs = [run_script(db, k, wait=False) for k in (40, 40, 41)]
     results = [finish(p) for p in procs]
@@ -212,8 +236,14 @@ def test_rules_only_and_no_cache_leave_no_files(db, monkeypatch):
     op = tune(A, tune=False)
     assert op.tuning.source == "model" and op.explanation.startswith("rules only")
     assert not entries(db)
-    monkeypatch.delenv(database.TUNING_DIR_ENV)
+    # PYSPMV_CL_NO_CACHE wins over a tuning directory given (a test drive found it did
+    # not: decisions were still written there).
     monkeypatch.setenv("PYSPMV_CL_NO_CACHE", "1")
+    assert database.database_dir() is None
+    assert tune(A, tune="force").tuning.source == "measured"
+    assert not entries(db)
+    database.clear_memory()
+    monkeypatch.delenv(database.TUNING_DIR_ENV)
     assert database.database_dir() is None
     assert tune(A).tuning.source == "measured"
     assert tune(A).tuning.source == "database"   # the memory layer

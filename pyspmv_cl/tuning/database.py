@@ -23,19 +23,23 @@ memory layer only, with one warning.
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 from .._version import __version__
 from ..formats import FORMATS
-from ..store import JsonStore, cache_dir
+from ..store import JsonStore, cache_dir, disk_off
 
 TUNING_DIR_ENV = "PYSPMV_CL_TUNING_DIR"
 SCHEMA = 1
 
 
 def database_dir():
-    """The directory of the tuning database, or None when the disk layer is off."""
+    """The directory of the tuning database, or None when the disk layer is off
+    (``PYSPMV_CL_NO_CACHE`` wins over ``PYSPMV_CL_TUNING_DIR``, as README says)."""
+    if disk_off():
+        return None
     configured = os.environ.get(TUNING_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
@@ -91,12 +95,25 @@ def _valid(entry, key):
     if entry.get("formats") != format_set():
         return "stale"
     candidates = entry.get("candidates")
-    if not isinstance(candidates, list) or not any(
-            isinstance(c, dict) and isinstance(c.get("kernel_seconds"), (int, float))
+    # Every candidate, not only one: a later pick compares them all (one null time
+    # raised a TypeError in every process until the file was deleted).
+    if not isinstance(candidates, list) or not candidates or not all(
+            isinstance(c, dict) and _seconds(c.get("kernel_seconds"))
             and isinstance(c.get("format"), str) and isinstance(c.get("params"), dict)
+            and (c.get("conversion_seconds") is None
+                 or _seconds(c["conversion_seconds"], zero=True))
             for c in candidates):
         return "damaged"
     return None
+
+
+def _seconds(value, zero=False) -> bool:
+    """Whether ``value`` is a time a stored entry may hold: a finite number, positive
+    (or zero where ``zero``), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        return False
+    return value >= 0 if zero else value > 0
 
 
 _store = JsonStore(database_dir, _valid, label="tuning database", entry_label="tuning entry",
