@@ -484,3 +484,30 @@ def test_explanation_of_a_candidate_handed_over_early():
     assert "ellr-t was handed over at its first pass (ellr-t 39.2" in text, text
     assert "2 finalists re-timed" in text and "not re-timed: dia" in text, text
     assert "ellr-t has the lowest" not in text, text
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_inf_and_nan_in_the_matrix_are_not_wrong_results(rng, dtype):
+    """A matrix holding Inf and NaN: every format propagates them as scipy does, so the
+    measurement's check compares the finite rows and asks the others to be non-finite
+    too (it used to call every candidate wrong, store nothing, and warn from numpy)."""
+    import warnings
+
+    import scipy.sparse as sp
+    A = sp.random(400, 300, density=0.04, format="csr",
+                  random_state=int(rng.integers(1 << 30))).astype(dtype)
+    A.data[rng.choice(A.nnz, 4, replace=False)] = [np.inf, -np.inf, np.nan, np.inf]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        op = psc.SpMV(A, device=DEVICES[0], tune=True, tune_budget=0.5)
+    assert op.tuning.source == "measured", op.explanation
+    wrong = [s for s in op.tuning.entry["skipped"] if "wrong result" in s[1]]
+    assert not wrong, wrong
+    assert len(op.tuning.entry["candidates"]) >= 3
+    x = rng.standard_normal(300)
+    y, ref = op @ x, reference(A, x)
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(y), finite) and 0 < finite.sum() < 400
+    np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-10, atol=1e-10)
+    bench = tuner._Bench(A, DEVICES[0], np.dtype(dtype), None, 1, None, None)
+    assert bench.error(op._impl) < 1e-10

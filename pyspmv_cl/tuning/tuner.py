@@ -261,8 +261,10 @@ class _Bench:
     def _scipy_reference(self):
         A64 = self.csr.astype(np.complex128 if self.dtype.kind == "c" else np.float64)
         self.y_ref = A64 @ self.x
-        self.scale = float(np.max(abs(A64) @ np.abs(self.x))) if self.csr.nnz and self.m \
-            else 1.0
+        # Over the rows that come out finite: an Inf or NaN in the matrix must neither
+        # make the scale infinite (every candidate would pass) nor fail them all.
+        rows = abs(A64) @ np.abs(self.x) if self.csr.nnz and self.m else np.zeros(0)
+        self.scale = float(np.max(rows[np.isfinite(rows)], initial=0.0)) or 1.0
 
     def use_reference(self, impl):
         """Check later candidates against ``impl``'s product (scaled by its largest
@@ -312,14 +314,19 @@ class _Bench:
         return launches_seconds(lambda: self.enqueue(impl))
 
     def error(self, impl):
-        """Relative error of this candidate's product (inf for NaN)."""
+        """Relative error of this candidate's product over the reference's finite
+        entries; inf where it is not finite in the same places (a matrix holding Inf
+        or NaN gives non-finite rows in every format, which are not errors)."""
         if not self.m:
             return 0.0
         if self.y_ref is None:
             self._scipy_reference()
-        y = self._product(impl)
-        diff = np.abs(y.astype(np.result_type(self.dtype, np.float64)) - self.y_ref)
-        worst = float(np.max(diff)) if diff.size else 0.0
+        y = self._product(impl).astype(np.result_type(self.dtype, np.float64))
+        finite = np.isfinite(self.y_ref)
+        if not np.array_equal(np.isfinite(y), finite):
+            return float("inf")
+        diff = np.abs(y[finite] - self.y_ref[finite])
+        worst = float(np.max(diff, initial=0.0))
         return worst / self.scale if np.isfinite(worst) else float("inf")
 
     def time(self, impl, best=None, min_samples=5, max_samples=30, min_time=0.02, warmup=2):
