@@ -267,6 +267,17 @@ class SpMV:
         return (f"<pyspmv_cl.SpMV {m}x{n} {self.dtype} format={self.format!r} "
                 f"params={self.params} on {self.device.profile.name!r}>")
 
+    # An operator owns device buffers, kernels bound to them and a queue: a shallow copy
+    # would share them (an update_values through the copy changed the original), and
+    # none of them can be pickled.  Refused with the way to get another operator.
+    def _not_copyable(self, *args):
+        raise InvalidTypeError(
+            "a pyspmv_cl SpMV operator cannot be copied or pickled (it owns buffers on its "
+            "device): build another from the matrix, e.g. SpMV(A, format=op.format, "
+            "**op.params) for the same choice")
+
+    __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = __getstate__ = _not_copyable
+
     # -- multiplication --------------------------------------------------------------
     __array_ufunc__ = None   # numpy defers to us: x @ op comes to __rmatmul__
 

@@ -606,3 +606,22 @@ def test_values_past_the_operators_type_on_the_device_are_refused(cpu_device, rn
     plain = np.abs(expected) < 1e30   # rows without the huge, Inf or NaN values
     assert plain.sum() > 10
     np.testing.assert_allclose(out[plain], expected[plain], rtol=1e-4, atol=1e-4)
+
+
+def test_copying_or_pickling_an_operator_is_refused(cpu_device, rng):
+    """copy.copy shared the operator's buffers (an update_values through the copy
+    changed the original); deepcopy and pickle failed on the device object.  All are
+    refused with the way to build another, and the original still works."""
+    import copy
+    import pickle
+
+    A = sp.random(30, 20, density=0.3, format="csr", random_state=int(rng.integers(1 << 30)))
+    op = psc.SpMV(A, format="sell", device=cpu_device)
+    for call in (lambda: copy.copy(op), lambda: copy.deepcopy(op),
+                 lambda: pickle.dumps(op), lambda: pickle.dumps(op.T)):
+        with pytest.raises(psc.InvalidTypeError, match="cannot be copied or pickled.*SpMV"):
+            call()
+    x = rng.standard_normal(20)
+    assert_close(op @ x, reference(A, x), A, x, np.float64)
+    same = psc.SpMV(A, format=op.format, device=cpu_device, **op.params)
+    assert_close(same @ x, reference(A, x), A, x, np.float64)
