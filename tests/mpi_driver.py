@@ -91,6 +91,32 @@ def product_case(name, A, build, dtype=np.float64):
     op.free()
 
 
+def misuse_case(band):
+    """cg's M and a complex right-hand side, and matvec's alpha/beta, refused with the
+    single-device operator's errors on the rank that passed them (a test drive found
+    raw TypeErrors and a silently real solution)."""
+    op = psd.SpMV.from_global(band if rank == 0 else None, comm, dtype=np.float64, **FAST)
+    n = op.local_shape[0]
+    outcomes = {}
+    for name, call in [
+            ("cg_M_array", lambda: psd.cg(op, np.ones(n), M=np.ones(n))),
+            ("cg_complex_b", lambda: psd.cg(op, np.ones(n) * (1 + 1j))),
+            ("matvec_alpha_string", lambda: op.matvec(np.ones(n), alpha="2")),
+            ("matvec_beta_none", lambda: op.matvec(np.ones(n), beta=None)),
+            ("rmatvec_alpha_string", lambda: op.rmatvec(np.ones(n), alpha="abc"))]:
+        try:
+            call()
+            outcomes[name] = None
+        except Exception as exc:   # every rank passes the same bad argument
+            outcomes[name] = f"{type(exc).__name__}: {exc}"
+    y = op.matvec(np.ones(n))   # still works together afterwards
+    ok = bool(np.all(np.isfinite(y)))
+    op.free()
+    gathered = comm.gather((outcomes, ok), root=0)
+    if rank == 0:
+        SUMMARY["misuse"] = gathered
+
+
 def error_case(name, call):
     """Every rank must raise the same DistributedInputError."""
     try:
@@ -315,6 +341,11 @@ def main():
     error_case("metis_col_range", lambda: psd.SpMV.from_global(
         eye if rank == 0 else None, comm, partition="metis",
         col_range=(0, 10) if rank == 0 else (10, 10), **FAST))
+    error_case("complex_dtype", lambda: psd.SpMV.from_global(
+        eye if rank == 0 else None, comm, dtype=np.complex128, **FAST))
+    error_case("complex_matrix", lambda: psd.SpMV.from_global(
+        (eye * 1j).tocsr() if rank == 0 else None, comm, **FAST))
+    misuse_case(band)
     metis_missing_case()
     refused_product_case(band)
     # After the refusals the ranks still work together.

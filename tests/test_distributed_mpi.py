@@ -56,7 +56,9 @@ ERRORS = {"shapes_differ": "different global shapes", "rows_overlap": "must tile
           "rows_missing": "must tile", "bad_block_on_last_rank": "has 7 columns",
           "bad_partition": "from_global refused on root 0",
           "metis_not_square": "needs a square matrix",
-          "metis_col_range": "col_range cannot be given"}
+          "metis_col_range": "col_range cannot be given",
+          "complex_dtype": "float32 and float64 only",
+          "complex_matrix": "the matrix is complex"}
 
 
 _RUNS = {}
@@ -211,6 +213,21 @@ def test_bad_input_same_error_on_every_rank(mpi_run, case):
     assert len(messages) == summary["size"]
     assert messages[0] is not None and ERRORS[case] in messages[0], messages
     assert len(set(messages)) == 1, messages
+
+
+def test_misuse_refused_with_clear_errors(mpi_run):
+    _, summary = mpi_run
+    expected = {"cg_M_array": ("InvalidInputError", "M must be None or 'jacobi'"),
+                "cg_complex_b": ("DistributedInputError", "b_local is complex"),
+                "matvec_alpha_string": ("InvalidTypeError", "alpha must be a real number"),
+                "matvec_beta_none": ("InvalidTypeError", "beta must be a real number"),
+                "rmatvec_alpha_string": ("InvalidTypeError", "alpha must be a real number")}
+    for outcomes, ok in summary["misuse"]:
+        assert ok
+        for name, (kind, text) in expected.items():
+            message = outcomes[name]
+            assert message is not None and message.startswith(kind) and text in message, \
+                (name, message)
 
 
 @pytest.mark.parametrize("M", ["None", "jacobi"])

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from ..adjoint import TransposedView as LocalTransposedView
 from ..device import devices, get_device
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
-from ..inputs import as_host_csr
+from ..inputs import as_host_csr, check_real_scalar
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
 from .compressed import CompressedRows
@@ -214,7 +214,16 @@ class SpMV:
                                         f"{[g[0][4] for g in gathered]}")
         if dtype is None:
             common = np.result_type(*[np.dtype(g[0][5]) for g in gathered])
+            if common.kind == "c":   # (float64 would drop the imaginary parts)
+                raise DistributedInputError(
+                    f"the matrix is complex ({common}); the distributed operator takes "
+                    "float32 and float64 only for now")
             dtype = common if common in (np.float32, np.float64) else np.float64
+        # The same on every rank (checked above): refused on all of them alike.
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise DistributedInputError(
+                f"dtype={np.dtype(dtype)}: the distributed operator takes float32 and "
+                "float64 only for now")
         self.dtype = np.dtype(dtype)
 
         # 2. The plan: split the block, one all-to-all of counts and one of ids.
@@ -583,7 +592,7 @@ class SpMV:
                                x_local, out, alpha, beta)
 
     def _matvec(self, x_local, out, alpha, beta):
-        alpha, beta = float(alpha), float(beta)
+        alpha, beta = check_real_scalar("alpha", alpha), check_real_scalar("beta", beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
         m, n = self.local_shape
@@ -737,7 +746,7 @@ class SpMV:
                                y_local, out, alpha, beta)
 
     def _rmatvec(self, y_local, out, alpha, beta):
-        alpha, beta = float(alpha), float(beta)
+        alpha, beta = check_real_scalar("alpha", alpha), check_real_scalar("beta", beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the x to accumulate into")
         m, n = self.local_shape
