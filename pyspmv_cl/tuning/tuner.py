@@ -204,9 +204,23 @@ def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_si
                                             user_params, block_size)
             cost *= block_passes(cls, f, profile, dtype, {**user_params, **params_list[0]},
                                  block_size)
+        if user_params:   # the caller's parameters stay as given: only the others vary
+            params_list = _without(params_list, user_params)
         ranked.append((0 if name == rule_choice else 1, cost, name, params_list))
     ranked.sort(key=lambda r: (r[0], r[1]))
     return [(name, params_list) for _, _, name, params_list in ranked], skipped
+
+
+def _without(params_list, fixed):
+    """``params_list`` without the keys of ``fixed`` (which are merged under each set
+    when it is built), duplicates dropped, order kept: a candidate set that changed a
+    parameter the caller gave (cmrs's height=4 timed as 2 and 8) overrode it."""
+    out = []
+    for params in params_list:
+        kept = {k: v for k, v in params.items() if k not in fixed}
+        if kept not in out:
+            out.append(kept)
+    return out
 
 
 # -- measuring -------------------------------------------------------------------------
