@@ -454,7 +454,10 @@ class SpMV:
         if out is not None:
             if _is_device_array(out):
                 raise UnsupportedDtypeError(self._real_device_message())
-            if not isinstance(out, np.ndarray) or not out.flags.writeable:
+            if not isinstance(out, np.ndarray):   # a list, a tuple, a sparse matrix...
+                raise InvalidTypeError(f"out must be a writeable numpy array (or a "
+                                       f"pyopencl one), not {type(out).__name__}")
+            if not out.flags.writeable:
                 raise InvalidInputError("out must be a writeable numpy array")
             self._check_out(out, expected)
             if out.dtype.kind != "c":   # numpy's out= refuses complex -> real too
@@ -740,8 +743,10 @@ class SpMV:
             if _is_device_array(out):
                 return self._matvec_device(cla.to_device(self.queue, np.ascontiguousarray(
                     x, dtype=self.dtype)), out, alpha, beta)
-            out_arr = np.asarray(out)
-            if out_arr is not out or not out.flags.writeable:
+            if not isinstance(out, np.ndarray) or type(out) is np.matrix:
+                raise InvalidTypeError(f"out must be a writeable numpy array (or a "
+                                       f"pyopencl one), not {type(out).__name__}")
+            if np.asarray(out) is not out or not out.flags.writeable:
                 raise InvalidInputError("out must be a writeable numpy array")
             if out.dtype.kind not in ("fc" if self.is_complex else "f"):
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")

@@ -136,6 +136,18 @@ def test_read_only_out(op32, rng):
         op.matvec(np.ones(30, dtype=np.float32), out=out)
 
 
+@pytest.mark.parametrize("out", [[0.0] * 40, tuple([0.0] * 40), 0.0, "out",
+                                 sp.csr_matrix((40, 1)), np.matrix(np.zeros((40, 1)))])
+def test_out_of_the_wrong_kind_is_a_type_error(op32, out):
+    """An out that is no numpy array is an InvalidTypeError, as such an x is (it was an
+    InvalidInputError, a ValueError: a test drive's report)."""
+    op, _ = op32
+    with pytest.raises(psc.InvalidTypeError, match="out must be a writeable numpy array"):
+        op.matvec(np.ones(30, dtype=np.float32), out=out)
+    with pytest.raises(psc.InvalidTypeError, match="out must be"):
+        op.rmatvec(np.ones(40, dtype=np.float32), out=out)
+
+
 def test_non_contiguous_out(op32, rng):
     op, A = op32
     x = rng.standard_normal(30).astype(np.float32)

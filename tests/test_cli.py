@@ -1,5 +1,6 @@
 """The `pyspmv-cl bench` command: results as JSON, clear errors for bad arguments."""
 
+import gzip
 import json
 import re
 import subprocess
@@ -304,3 +305,34 @@ def test_tune_takes_a_complex_matrix_in_its_own_type(tmp_path, capsys, monkeypat
     assert cli.main([*argv, "--dtype", "float32", str(path)]) == 1
     assert "leave --dtype at default" in capsys.readouterr().err
     assert len(asked) == 1
+
+
+def test_unreadable_or_too_large_matrices_are_messages_not_tracebacks(tmp_path):
+    """A file that is not gzip, a gzip cut short and a generator spec too large for
+    memory end with a message naming the spec and exit status 2 (a test drive saw
+    BadGzipFile, EOFError and MemoryError tracebacks)."""
+    bad = tmp_path / "bad.mtx.gz"
+    bad.write_text("not gzip")
+    good = gzip.compress(b"%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 1.0\n")
+    cut = tmp_path / "cut.mtx.gz"
+    cut.write_bytes(good[:20])
+    for spec, text in ((str(bad), "cannot read it"), (str(cut), "cannot read it"),
+                       ("rmat:40", "too large")):
+        proc = run_cli("tune", spec)
+        assert proc.returncode == 2, (spec, proc.stderr[-2000:])
+        assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_bench_skips_matrices_with_nothing_to_time(tmp_path):
+    """bench on a matrix without non-zeros, or with no rows, skips it and reports the
+    others (it ended in a math domain error, or a kernel argument error, after timing)."""
+    empty = tmp_path / "empty.mtx"
+    empty.write_text("%%MatrixMarket matrix coordinate real general\n0 0 0\n")
+    proc = run_cli("bench", "--quiet", "--repeat", "2", "--min-time", "0.01", "--peers",
+                   "none", "--formats", "csr-scalar", "--dtype", "float32", "--json", "-",
+                   "denserows:10,0,0", str(empty), "poisson2d:20")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["results"]
+    skipped = [r for r in rows if "nothing to time" in r.get("error", "")]
+    assert len(skipped) == 2, rows
+    assert any(r.get("matrix") == "poisson2d-20" and "error" not in r for r in rows), rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -373,7 +374,23 @@ def from_spec(spec: str) -> tuple[str, sp.csr_matrix]:
 
     See ``GENERATOR_HELP`` for the forms. Labels are short and file-name safe, e.g.
     ``poisson2d-1000``, ``random-100000-10``, ``1138_bus``, ``poisson2d-100x8``.
+    A file that cannot be read (missing, not gzip, cut short, not Matrix Market) or a
+    matrix too large for memory is a ValueError naming the spec, as a bad spec is: the
+    command line prints it instead of a traceback.
     """
+    try:
+        return _from_spec(spec)
+    except MemoryError:
+        raise ValueError(f"{spec!r}: too large to build in this machine's memory") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{spec!r}: cannot read it ({type(exc).__name__}: {exc})") from None
+    except ValueError as exc:
+        if repr(spec) in str(exc) or str(spec) in str(exc):
+            raise
+        raise ValueError(f"{spec!r}: {exc}") from None
+
+
+def _from_spec(spec):
     if not isinstance(spec, str) or not spec.strip():
         raise _bad(str(spec), "empty spec")
     spec = spec.strip()

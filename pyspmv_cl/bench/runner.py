@@ -274,6 +274,11 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
         if A.dtype.kind == "c":
             results.append({"matrix": name, "impl": "-", "error": "complex matrix skipped"})
             continue
+        if not A.nnz or 0 in A.shape:   # nothing to time (and no rate to average)
+            results.append({"matrix": name, "impl": "-",
+                            "error": f"{A.shape[0]}x{A.shape[1]} with {A.nnz} non-zeros "
+                                     "skipped: nothing to time"})
+            continue
         results += bench_matrix(name, A, device, formats, dtypes, peers, repeats=repeats,
                                 min_time=min_time, copy_gbps=copy_gbps, progress=progress)
         if checkpoint:
