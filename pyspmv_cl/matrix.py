@@ -599,6 +599,9 @@ class SpMV:
         (at most ``timeout`` seconds) and switch to the winner.  Returns the tuning's
         state ("done", "failed", "running" when the timeout passed, or "none" when this
         operator does not tune online)."""
+        if timeout is not None and (isinstance(timeout, (bool, np.bool_)) or not isinstance(
+                timeout, (int, float, np.integer, np.floating)) or not timeout >= 0):
+            raise InvalidTypeError(f"timeout must be None or seconds >= 0, not {timeout!r}")
         tuning = self.tuning.online if self.tuning is not None else None
         if tuning is None:
             return "none"

@@ -538,3 +538,28 @@ def test_inf_and_nan_in_the_matrix_are_not_wrong_results(rng, dtype):
     np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-10, atol=1e-10)
     bench = tuner._Bench(A, DEVICES[0], np.dtype(dtype), None, 1, None, None)
     assert bench.error(op._impl) < 1e-10
+
+
+@pytest.mark.parametrize("budget, ok", [(np.float32(0.2), True), (np.int64(1), True),
+                                        (True, False), (0, False), (-1.0, False),
+                                        (float("nan"), False), ("1", False)])
+def test_tune_budget_types(budget, ok):
+    """numpy numbers are budgets; a bool, a string, zero, negative or NaN are refused
+    (np.int64(2) was refused as not positive, True taken as one second)."""
+    A = generators.poisson2d(20)
+    kw = dict(format="auto", dtype=np.float32, device=DEVICES[0], tune=True,
+              tune_budget=budget)
+    if ok:
+        assert psc.SpMV(A, **kw).tuning.source == "measured"
+    else:
+        with pytest.raises(psc.InvalidParameterError, match="tune_budget must be a positive"):
+            psc.SpMV(A, **kw)
+
+
+def test_finish_tuning_timeout_is_checked_first():
+    A = generators.poisson2d(20)
+    op = psc.SpMV(A, format="csr-scalar", device=DEVICES[0])
+    for bad in ("abc", -1.0, True):
+        with pytest.raises(psc.InvalidTypeError, match="timeout must be None or seconds"):
+            op.finish_tuning(timeout=bad)
+    assert op.finish_tuning(timeout=0.5) == "none"

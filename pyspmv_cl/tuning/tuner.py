@@ -674,8 +674,13 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
             raise InvalidParameterError(
                 f"expected_calls must be a positive integer, not {expected_calls!r}")
         expected_calls = int(expected_calls)
-    if budget is not None and not (isinstance(budget, (int, float)) and budget > 0):
-        raise InvalidParameterError(f"tune_budget must be positive seconds, not {budget!r}")
+    if budget is not None:   # numpy numbers too; not a bool (True is no number of seconds)
+        if isinstance(budget, (bool, np.bool_)) or \
+                not isinstance(budget, (int, float, np.integer, np.floating)) \
+                or not budget > 0:
+            raise InvalidParameterError(
+                f"tune_budget must be a positive number of seconds, not {budget!r}")
+        budget = float(budget)
     profile = device.profile
 
     def rules(why, seconds=0.0):
