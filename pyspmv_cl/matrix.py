@@ -586,7 +586,13 @@ class SpMV:
         if not done:
             return
         if tuning.state == "done":
-            self.explanation = tuning.decision.explanation + self._numbering_hint
+            final = tuning.decision
+            self.explanation = final.explanation + self._numbering_hint
+            # op.tuning tells the decision taken (a test drive found it still naming the
+            # start format); its source ("online") and online record stay.
+            for name in ("format", "params", "explanation", "entry", "kernel_seconds",
+                         "tuning_seconds"):
+                setattr(self.tuning, name, getattr(final, name))
         elif tuning.state == "failed":
             self.explanation += f" (online tuning failed: {tuning.error}; kept the start format)"
         self._online = None

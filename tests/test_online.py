@@ -50,6 +50,11 @@ def test_defaults_tune_online_and_store_the_decision(device, rng):
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
     assert op.finish_tuning() == "done", op.tuning.online.error
     assert op.explanation.startswith("measured online in")
+    # op.tuning tells the decision taken, not the start (a test drive's report)
+    assert op.tuning.format == op.format and op.tuning.source == "online"
+    assert op.tuning.explanation.startswith("measured online in")
+    assert op.tuning.entry and op.tuning.kernel_seconds
+    assert any(c["format"] == op.format for c in op.tuning.entry["candidates"])
     online_state = op.tuning.online
     assert online_state.started <= online_state.finished
     assert (op.format != start) == (online_state.switched_at_call is not None)
