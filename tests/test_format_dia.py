@@ -265,3 +265,24 @@ def test_estimate_cost(device):
     cost, why = DIA.estimate_cost(dataclasses.replace(f, diagonals=9), device.profile,
                                   np.float32)
     assert cost is None and "9 diagonals, fill 3.0x" in why
+
+
+def test_no_limit_is_inf_and_round_trips(device, rng):
+    """max_fill and max_diagonals take inf for no limit (None keeps the default, as for
+    every parameter), and op.params gives back what builds the same operator."""
+    import scipy.sparse as sp
+    n = 3000
+    offsets = list(range(-700, 700, 2))   # 700 diagonals: over the default 512
+    A = sp.diags([np.ones(n - abs(k)) for k in offsets], offsets, format="csr")
+    with pytest.raises(psc.FormatNotSuitableError, match="max_diagonals"):
+        psc.SpMV(A, format="dia", device=device, max_diagonals=None)
+    op = psc.SpMV(A, format="dia", device=device, max_diagonals=float("inf"),
+                  max_fill=float("inf"))
+    assert op.params["max_diagonals"] == float("inf") and op.params["max_fill"] == float("inf")
+    again = psc.SpMV(A, format="dia", device=device, **op.params)
+    assert again.params == op.params
+    x = rng.standard_normal(n)
+    np.testing.assert_allclose(again @ x, A @ x, rtol=1e-10, atol=1e-10)
+    for bad in (0, 2.5, "3", True):
+        with pytest.raises(ValueError, match="max_diagonals"):
+            psc.SpMV(A, format="dia", device=device, max_diagonals=bad)

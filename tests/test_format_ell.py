@@ -198,7 +198,11 @@ def test_class_as_hyb_ell_part(dtype, device, rng):
     with pytest.raises(psc.FormatNotSuitableError):
         psc.SpMV(A, format="ell", device=device, dtype=dtype, max_padding=None)
     op = psc.SpMV(A, format="ell", device=device, dtype=dtype, max_padding=float("inf"))
-    assert op.params["max_padding"] is None
+    # Kept as inf, so that op.params passed back builds the same operator (as None it
+    # meant the default: a test drive's report).
+    assert op.params["max_padding"] == float("inf")
+    again = psc.SpMV(A, format="ell", device=device, dtype=dtype, **op.params)
+    assert again.params == op.params
 
 
 # ------------------------------------------------------------------------ validation

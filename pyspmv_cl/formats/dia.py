@@ -95,22 +95,25 @@ def dia_diagonals(csr):
     return keys // layers - max(m, 1), diag.ravel(), rows
 
 
-def _limit_check(what="a number >= 1, None or inf (no limit)"):
-    """A limit: a number >= 1, or ``None``/``inf`` for none (normalised to ``None``)."""
+def _limit_check(what="a number >= 1, or inf (no limit)", integer=False):
+    """A limit: a number >= 1 (an integer where ``integer``), or inf for none.  Through
+    ``SpMV``, None keeps the default (as for every parameter), so "no limit" is kept as
+    inf, which ``op.params`` gives back as it was given (it was None, which passed back
+    meant the default)."""
     number = P.number()
 
     def check(value):
-        if value is None:
-            return None
+        if value is None:   # (only built directly: no limit)
+            return math.inf
         try:
             value = number(value)
         except P.Invalid:
             raise P.Invalid(what) from None
         if value == math.inf:
-            return None
-        if not value >= 1:
+            return math.inf
+        if not value >= 1 or (integer and value != int(value)):
             raise P.Invalid(what)
-        return value
+        return int(value) if integer else value
     check.what = what
     return check
 
@@ -131,9 +134,10 @@ class DIA(SpMVFormat):
     params = (
         P.work_group_size(),
         P.Param("max_fill", _limit_check(),
-                "refuse above this many slots per non-zero (None or inf: no limit)"),
-        P.Param("max_diagonals", P.optional(P.positive_int()),
-                "refuse above this many diagonals (None: no limit)"),
+                "refuse above this many slots per non-zero (inf: no limit)"),
+        P.Param("max_diagonals", _limit_check("an integer >= 1, or inf (no limit)",
+                                              integer=True),
+                "refuse above this many diagonals (inf: no limit)"),
     )
 
     @classmethod

@@ -146,21 +146,23 @@ def check_padding(name, slots, nnz, sizes, max_padding, advice, profile, what):
 
 
 def _max_padding(value):
-    """A number >= 1 (as a float), or None / inf: no limit (normalised to None)."""
+    """A number >= 1 (as a float), or inf: no limit.  Through ``SpMV`` None keeps the
+    default (as for every parameter); built directly, None is no limit too.  No limit
+    is kept as inf, which ``op.params`` gives back as it was given."""
     if value is None or (isinstance(value, numbers.Real) and value == math.inf):
-        return None
+        return math.inf
     if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
             or not value >= 1):
         raise P.Invalid(_max_padding.what)
     return float(value)
 
 
-_max_padding.what = "a number >= 1, None or inf (no limit)"
+_max_padding.what = "a number >= 1, or inf (no limit)"
 
 #: The ``max_padding`` parameter of the ELL family (ell, ellr-t).
 MAX_PADDING = P.Param("max_padding", _max_padding,
                       "refuse when the padded arrays exceed this many slots per non-zero "
-                      "(None or inf: never)")
+                      "(inf: never)")
 
 
 def validate_max_padding(name, value):

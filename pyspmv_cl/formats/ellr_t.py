@@ -95,8 +95,8 @@ def ellrt_arrays(csr, t, row_align, index_dtype, dtype):
     return col_idx, values, lengths.astype(index_dtype), slice_
 
 
-def _max_padding_check(what="a number >= 1, None or inf (no limit)"):
-    """``max_padding`` as ell takes it (``None``/``inf``: never refuse for padding)."""
+def _max_padding_check(what="a number >= 1, or inf (no limit)"):
+    """``max_padding`` as ell takes it (inf: never refuse for padding)."""
     def check(value):
         try:
             return validate_max_padding(ELLRT.name, value)
