@@ -42,6 +42,19 @@ def tune(A, **kw):
                     tune_budget=BUDGET, **kw)
 
 
+def retune_after_edit(path, A, edit):
+    """Edit the stored entry at ``path`` (``edit(entry)`` in place), forget the memory
+    layer, tune ``A`` again; (the operator, the warnings caught)."""
+    entry = json.loads(path.read_text())
+    edit(entry)
+    path.write_text(json.dumps(entry))
+    database.clear_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = tune(A)
+    return op, caught
+
+
 def check(op, A, rng):
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, np.float32)
@@ -107,14 +120,11 @@ def test_one_bad_candidate_damages_the_entry(db, rng, field, value):
     A = matrix()
     tune(A)
     (path,) = entries(db)
-    entry = json.loads(path.read_text())
-    assert len(entry["candidates"]) >= 2
-    entry["candidates"][-1][field] = value
-    path.write_text(json.dumps(entry))
-    database.clear_memory()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        op = tune(A)
+
+    def damage(entry):
+        assert len(entry["candidates"]) >= 2
+        entry["candidates"][-1][field] = value
+    op, caught = retune_after_edit(path, A, damage)
     assert op.tuning.source == "measured"
     assert any("damaged tuning entry" in str(w.message) for w in caught), \
         [str(w.message) for w in caught]
@@ -274,14 +284,11 @@ def test_entry_with_invalid_parameters_is_retuned_with_one_warning(db, rng, para
     A = matrix()
     tune(A)
     (path,) = entries(db)
-    entry = json.loads(path.read_text())
-    for candidate in entry["candidates"]:
-        candidate["params"] = dict(params)
-    path.write_text(json.dumps(entry))
-    database.clear_memory()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        op = tune(A)
+
+    def damage(entry):
+        for candidate in entry["candidates"]:
+            candidate["params"] = dict(params)
+    op, caught = retune_after_edit(path, A, damage)
     assert op.tuning.source == "measured"
     invalid = [w for w in caught if "invalid parameters" in str(w.message)]
     assert len(invalid) == 1, [str(w.message) for w in caught]
