@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -73,8 +74,9 @@ def _cmd_bench(args):
         if dt not in ("float32", "float64"):
             print(f"unknown dtype {dt!r}: use float32, float64 or both", file=sys.stderr)
             return 2
-    if args.repeat < 1 or args.min_time < 0:
-        print("--repeat must be at least 1 and --min-time at least 0", file=sys.stderr)
+    if args.repeat < 1 or not 0 <= args.min_time < math.inf:   # (NaN fails both)
+        print("--repeat must be at least 1 and --min-time a finite number of seconds "
+              ">= 0", file=sys.stderr)
         return 2
     if args.json and args.json != "-":
         try:   # before the runs, not after them

@@ -271,7 +271,9 @@ def test_version(capsys):
 @pytest.mark.parametrize("argv, match", [
     (["--json", "/nonexistent/dir/x.json"], "cannot write --json"),
     (["--repeat", "0"], "--repeat must be at least 1"),
-    (["--min-time", "-1"], "--min-time at least 0"),
+    (["--min-time", "-1"], "--min-time a finite number of seconds >= 0"),
+    (["--min-time", "nan"], "--min-time a finite number of seconds >= 0"),
+    (["--min-time", "inf"], "--min-time a finite number of seconds >= 0"),
     (["--formats="], "--formats names no format"),
     (["--dtype="], "--dtype names no dtype"),
 ])
@@ -316,8 +318,10 @@ def test_unreadable_or_too_large_matrices_are_messages_not_tracebacks(tmp_path):
     good = gzip.compress(b"%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 1.0\n")
     cut = tmp_path / "cut.mtx.gz"
     cut.write_bytes(good[:20])
+    parse = tmp_path / "parse.mtx"
+    parse.write_text("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 abc\n")
     for spec, text in ((str(bad), "cannot read it"), (str(cut), "cannot read it"),
-                       ("rmat:40", "too large")):
+                       ("rmat:40", "too large"), (str(parse), f"{str(parse)!r}: ")):
         proc = run_cli("tune", spec)
         assert proc.returncode == 2, (spec, proc.stderr[-2000:])
         assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
