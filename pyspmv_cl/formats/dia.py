@@ -20,7 +20,6 @@ DIA refuses (``FormatNotSuitableError``) a matrix spread over more than
 non-zeros (``n_diags * n_rows / nnz``, default 3), unless its arrays are under 1 MiB.
 """
 
-import math
 
 import numpy as np
 
@@ -95,29 +94,6 @@ def dia_diagonals(csr):
     return keys // layers - max(m, 1), diag.ravel(), rows
 
 
-def _limit_check(what="a number >= 1, or inf (no limit)", integer=False):
-    """A limit: a number >= 1 (an integer where ``integer``), or inf for none.  Through
-    ``SpMV``, None keeps the default (as for every parameter), so "no limit" is kept as
-    inf, which ``op.params`` gives back as it was given (it was None, which passed back
-    meant the default)."""
-    number = P.number()
-
-    def check(value):
-        if value is None:   # (only built directly: no limit)
-            return math.inf
-        try:
-            value = number(value)
-        except P.Invalid:
-            raise P.Invalid(what) from None
-        if value == math.inf:
-            return math.inf
-        if not value >= 1 or (integer and value != int(value)):
-            raise P.Invalid(what)
-        return int(value) if integer else value
-    check.what = what
-    return check
-
-
 @register
 class DIA(SpMVFormat):
     name = "dia"
@@ -133,10 +109,10 @@ class DIA(SpMVFormat):
     signed_stored_zeros = True
     params = (
         P.work_group_size(),
-        P.Param("max_fill", _limit_check(),
+        P.Param("max_fill", P.limit(),
                 "refuse above this many slots per non-zero (inf: no limit)"),
-        P.Param("max_diagonals", _limit_check("an integer >= 1, or inf (no limit)",
-                                              integer=True),
+        P.Param("max_diagonals", P.limit("an integer >= 1, or inf (no limit)",
+                                         integer=True),
                 "refuse above this many diagonals (inf: no limit)"),
     )
 

@@ -38,8 +38,6 @@ padding, for a CSR already cut to ``K`` entries per row); through ``SpMV`` pass
 ``stride`` and ``nbytes`` describe the arrays.
 """
 
-import math
-import numbers
 
 import numpy as np
 
@@ -145,22 +143,8 @@ def check_padding(name, slots, nnz, sizes, max_padding, advice, profile, what):
             f"{profile.name} can hold; use {advice}")
 
 
-def _max_padding(value):
-    """A number >= 1 (as a float), or inf: no limit.  Through ``SpMV`` None keeps the
-    default (as for every parameter); built directly, None is no limit too.  No limit
-    is kept as inf, which ``op.params`` gives back as it was given."""
-    if value is None or (isinstance(value, numbers.Real) and value == math.inf):
-        return math.inf
-    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
-            or not value >= 1):
-        raise P.Invalid(_max_padding.what)
-    return float(value)
-
-
-_max_padding.what = "a number >= 1, or inf (no limit)"
-
 #: The ``max_padding`` parameter of the ELL family (ell, ellr-t).
-MAX_PADDING = P.Param("max_padding", _max_padding,
+MAX_PADDING = P.Param("max_padding", P.limit(),
                       "refuse when the padded arrays exceed this many slots per non-zero "
                       "(inf: never)")
 

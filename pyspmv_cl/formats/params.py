@@ -10,6 +10,7 @@ it expected; numpy integers and booleans are accepted as Python ones, integral f
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -91,6 +92,29 @@ def number(*, greater_than: float = None) -> Check:
         if greater_than is not None and not value > greater_than:
             raise Invalid(what)
         return value
+    check.what = what
+    return check
+
+
+def limit(what: str = "a number >= 1, or inf (no limit)", integer: bool = False) -> Check:
+    """A limit (ell's ``max_padding``, dia's ``max_fill`` and ``max_diagonals``): a number
+    >= 1 (an integer where ``integer``), or inf for none.  Through ``SpMV`` None keeps the
+    default, as for every parameter, so "no limit" is kept as inf, which ``op.params``
+    gives back as it was given; a format built directly takes None as no limit too."""
+    as_number = number()
+
+    def check(value):
+        if value is None:
+            return math.inf
+        try:
+            value = as_number(value)
+        except Invalid:
+            raise Invalid(what) from None
+        if value == math.inf:
+            return math.inf
+        if not value >= 1 or (integer and value != int(value)):
+            raise Invalid(what)
+        return int(value) if integer else value
     check.what = what
     return check
 
