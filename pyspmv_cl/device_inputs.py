@@ -6,8 +6,6 @@ to its types there, so later changes to the caller's arrays do not reach it."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pyopencl.array as cla
 import scipy.sparse as sp
@@ -101,44 +99,36 @@ def as_device_csr(triple, shape, queue) -> DeviceCSR:
     return DeviceCSR(data, indices, indptr, host_indptr, (rows, cols))
 
 
-_overflow_kernels: dict = {}
-_overflow_lock = threading.Lock()
+def _overflow_reductions(context, real):
+    """Reductions over ``real`` values: how many are finite and round to inf in float
+    (OpenCL's conversion rounds to nearest, as numpy's cast does), and the largest
+    magnitude among them."""
+    c = "double" if np.dtype(real) == np.float64 else "float"
+    over = "(isfinite(x[i]) && isinf((float)x[i]))"
+    count = ReductionKernel(context, np.int64, neutral="0", reduce_expr="a+b",
+                            map_expr=f"{over} ? 1 : 0", arguments=f"const {c} *x")
+    largest = ReductionKernel(context, np.dtype(real), neutral="0", reduce_expr="fmax(a, b)",
+                              map_expr=f"{over} ? fabs(x[i]) : 0", arguments=f"const {c} *x")
+    return count, largest
 
 
-def _overflow_counter(context, real):
-    """A reduction counting the finite ``real`` values that round to inf in float
-    (OpenCL's conversion rounds to nearest, as numpy's cast does), and one of their
-    largest magnitude; one pair per context and type."""
-    key = (context.int_ptr, np.dtype(real).str)
-    with _overflow_lock:
-        kernels = _overflow_kernels.get(key)
-        if kernels is None:
-            c = "double" if np.dtype(real) == np.float64 else "float"
-            over = "(isfinite(x[i]) && isinf((float)x[i]))"
-            count = ReductionKernel(context, np.int64, neutral="0", reduce_expr="a+b",
-                                    map_expr=f"{over} ? 1 : 0", arguments=f"const {c} *x")
-            largest = ReductionKernel(context, np.dtype(real), neutral="0",
-                                      reduce_expr="fmax(a, b)",
-                                      map_expr=f"{over} ? fabs(x[i]) : 0",
-                                      arguments=f"const {c} *x")
-            kernels = _overflow_kernels[key] = (count, largest, context)
-        return kernels
-
-
-def check_device_value_range(data, dtype, queue, fp64=True, what="the matrix") -> None:
-    """``inputs.check_value_range`` for values on the device: finite values of
-    ``data`` past ``dtype``'s range (float64 into a float32 operator) are refused, not
-    stored as inf.  Counted by a reduction on the device, no copy to the host; a device
-    without doubles (which cannot run that reduction) reads the values back instead."""
+def check_device_value_range(data, dtype, device, what="the matrix") -> None:
+    """``inputs.check_value_range`` for values on ``device``: finite values of ``data``
+    past ``dtype``'s range (float64 into a float32 operator) are refused, not stored as
+    inf.  Counted by a reduction on the device, no copy to the host (its kernels kept
+    per thread in ``device.thread_cached``, as other kernels a thread launches at once);
+    a device without doubles (which cannot run it) reads the values back instead."""
     if data.dtype.kind not in "fc" or not data.size or \
             np.finfo(data.dtype).max <= np.finfo(dtype).max:
         return
-    if not fp64:
+    queue = device.queue
+    if not device.profile.fp64:
         check_value_range(data.get(queue), dtype, what)
         return
     real = np.finfo(data.dtype).dtype
     values = data.view(real) if data.dtype.kind == "c" else data   # (real, imag) pairs
-    count, largest, _ = _overflow_counter(queue.context, real)
+    count, largest = device.thread_cached(
+        ("overflow-reductions", real.str), lambda: _overflow_reductions(device.context, real))
     found = int(count(values, queue=queue).get())
     if found:
         raise overflow_error(found, float(largest(values, queue=queue).get()), dtype, what)

@@ -153,7 +153,7 @@ class SpMV:
         if host_csr is not None:
             check_value_range(host_csr.data, self.dtype)
         else:
-            check_device_value_range(csr.data, self.dtype, self.queue, profile.fp64)
+            check_device_value_range(csr.data, self.dtype, self.device)
         # The diagonal count (a pass over the non-zeros) only where the choice reads it.
         features = MatrixFeatures.from_csr(csr, count_diagonals=False)
         self.tuning = None
