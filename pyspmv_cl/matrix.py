@@ -31,6 +31,7 @@ from .errors import (
 )
 from .features import MatrixFeatures, product_bytes
 from .formats import FORMATS, get_format
+from .formats import params as P
 from .formats.base import instantiate
 from .formats.columns import ColumnPath, StagingBlocks, columns_product
 from .formats.storage import refuse_reduced_auto
@@ -605,9 +606,13 @@ class SpMV:
         (at most ``timeout`` seconds) and switch to the winner.  Returns the tuning's
         state ("done", "failed", "running" when the timeout passed, or "none" when this
         operator does not tune online)."""
-        if timeout is not None and (isinstance(timeout, (bool, np.bool_)) or not isinstance(
-                timeout, (int, float, np.integer, np.floating)) or not timeout >= 0):
-            raise InvalidTypeError(f"timeout must be None or seconds >= 0, not {timeout!r}")
+        if timeout is not None:   # checked before anything starts
+            try:
+                ok = P.number()(timeout) >= 0
+            except P.Invalid:
+                ok = False
+            if not ok:
+                raise InvalidTypeError(f"timeout must be None or seconds >= 0, not {timeout!r}")
         tuning = self.tuning.online if self.tuning is not None else None
         if tuning is None:
             return "none"

@@ -53,6 +53,7 @@ from ..features import (
     structure_digest,
 )
 from ..formats import FORMATS
+from ..formats import params as P
 from ..formats.base import SharedUploads, conversion_is_cheap, instantiate, plan_blocks
 from ..formats.columns import ColumnPath, StagingBlocks, columns_product
 from ..launching import launches_seconds
@@ -675,12 +676,11 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                 f"expected_calls must be a positive integer, not {expected_calls!r}")
         expected_calls = int(expected_calls)
     if budget is not None:   # numpy numbers too; not a bool (True is no number of seconds)
-        if isinstance(budget, (bool, np.bool_)) or \
-                not isinstance(budget, (int, float, np.integer, np.floating)) \
-                or not budget > 0:
+        try:
+            budget = P.number(greater_than=0)(budget)
+        except P.Invalid:
             raise InvalidParameterError(
-                f"tune_budget must be a positive number of seconds, not {budget!r}")
-        budget = float(budget)
+                f"tune_budget must be a positive number of seconds, not {budget!r}") from None
     profile = device.profile
 
     def rules(why, seconds=0.0):
