@@ -51,6 +51,18 @@ from .tuning.online import CPU_BYTES_PER_SECOND
 from .tuning.tuner import select
 
 
+def _check_host_out(out, exact=False):
+    """A host ``out``: a numpy array (else an InvalidTypeError: a list, a tuple, a sparse
+    matrix...) that can be written (else an InvalidInputError); ``exact``: np.matrix is a
+    type error too, and other subclasses that numpy.asarray would not return as they are
+    (masked arrays) are refused."""
+    if not isinstance(out, np.ndarray) or (exact and type(out) is np.matrix):
+        raise InvalidTypeError(f"out must be a writeable numpy array (or a pyopencl one), "
+                               f"not {type(out).__name__}")
+    if (exact and np.asarray(out) is not out) or not out.flags.writeable:
+        raise InvalidInputError("out must be a writeable numpy array")
+
+
 def _is_device_array(obj):
     return isinstance(obj, cla.Array)
 
@@ -455,11 +467,7 @@ class SpMV:
         if out is not None:
             if _is_device_array(out):
                 raise UnsupportedDtypeError(self._real_device_message())
-            if not isinstance(out, np.ndarray):   # a list, a tuple, a sparse matrix...
-                raise InvalidTypeError(f"out must be a writeable numpy array (or a "
-                                       f"pyopencl one), not {type(out).__name__}")
-            if not out.flags.writeable:
-                raise InvalidInputError("out must be a writeable numpy array")
+            _check_host_out(out)
             self._check_out(out, expected)
             if out.dtype.kind != "c":   # numpy's out= refuses complex -> real too
                 raise UnsupportedDtypeError(
@@ -757,11 +765,7 @@ class SpMV:
             if _is_device_array(out):
                 return self._matvec_device(cla.to_device(self.queue, np.ascontiguousarray(
                     x, dtype=self.dtype)), out, alpha, beta)
-            if not isinstance(out, np.ndarray) or type(out) is np.matrix:
-                raise InvalidTypeError(f"out must be a writeable numpy array (or a "
-                                       f"pyopencl one), not {type(out).__name__}")
-            if np.asarray(out) is not out or not out.flags.writeable:
-                raise InvalidInputError("out must be a writeable numpy array")
+            _check_host_out(out, exact=True)
             if out.dtype.kind not in ("fc" if self.is_complex else "f"):
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
             if self.is_complex and out.dtype.kind != "c":
