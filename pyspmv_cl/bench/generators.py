@@ -385,7 +385,7 @@ def from_spec(spec: str) -> tuple[str, sp.csr_matrix]:
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{spec!r}: cannot read it ({type(exc).__name__}: {exc})") from None
     except ValueError as exc:
-        if repr(spec) in str(exc) or str(spec) in str(exc):
+        if str(spec) in str(exc):   # (already named)
             raise
         raise ValueError(f"{spec!r}: {exc}") from None
 

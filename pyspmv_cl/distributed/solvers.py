@@ -59,17 +59,15 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
     on_device = isinstance(b_local, cla.Array)
 
     def to_dev(v, name):
-        if getattr(v, "dtype", None) is not None and np.dtype(v.dtype).kind == "c":
+        if not isinstance(v, cla.Array):
+            v = np.asarray(v)
+        if v.dtype.kind == "c":
             raise InvalidInputError(f"{name} is complex ({v.dtype}); this cg solves real "
                                     "systems (its imaginary part would be dropped)")
         if isinstance(v, cla.Array):
             if v.size != n:
                 raise InvalidInputError(f"{name} has {v.size} entries; rank owns {n}")
             return v.reshape(n).astype(dtype) if v.dtype != dtype else v.reshape(n).copy()
-        v = np.asarray(v)
-        if v.dtype.kind == "c":
-            raise InvalidInputError(f"{name} is complex ({v.dtype}); this cg solves real "
-                                    "systems (its imaginary part would be dropped)")
         if v.shape not in ((n,), (n, 1)):
             raise InvalidInputError(f"{name} has shape {v.shape}; this rank owns {n} entries")
         return cla.to_device(queue, np.ascontiguousarray(v.reshape(n), dtype=dtype))
