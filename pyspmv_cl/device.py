@@ -498,6 +498,16 @@ def runs_in_calling_thread(device) -> bool:
     return _pocl_driver(device) == "basic"
 
 
+def enqueues_from_threads(device) -> bool:
+    """Whether host threads of the library's own (a background upload) may enqueue to
+    ``device`` beside the caller's: not PoCL's ``basic`` driver (it deadlocks, above),
+    nor Oclgrind (its simulator crashed, SIGSEGV, with a copy from another thread
+    beside the caller's launches)."""
+    if runs_in_calling_thread(device):
+        return False
+    return "oclgrind" not in device.profile.platform_name.lower()
+
+
 def _default_cpu(hits, work):
     """The first CPU device, except that where its PoCL platform exposes both drivers,
     ``basic`` for a product of up to ``BASIC_MAX_WORK`` non-zeros and ``pthread``

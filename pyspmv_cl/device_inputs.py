@@ -44,7 +44,8 @@ class DeviceCSR:
         (to keep it).  A view at an offset in a larger buffer is always copied: the
         kernels take buffers and read them from element 0 (coo's conversion read the
         buffer's head instead of the view, and crashed PoCL)."""
-        arr = {"data": self.data, "indices": self.indices, "indptr": self.indptr_device}[name]
+        # (only the array named is read: an upload in flight is waited for one by one)
+        arr = getattr(self, {"data": "data", "indices": "indices", "indptr": "indptr_device"}[name])
         if arr.dtype == np.dtype(dtype) and (not copy or self.owned) and not arr.offset:
             return arr
         return arr.astype(np.dtype(dtype), queue=queue)   # astype always copies
@@ -58,6 +59,10 @@ class DeviceCSR:
                   else staging.to_device(cast(a, t)) for a, t in
                   ((csr.data, dtype), (csr.indices, index_dtype), (csr.indptr, index_dtype))]
         return cls(*arrays, np.asarray(csr.indptr, dtype=np.int64), tuple(csr.shape), owned)
+
+    def start(self) -> None:
+        """Begin the copies still to come (``background_upload.BackgroundUpload``'s,
+        once a conversion has built its kernels); arrays on the device: nothing to do."""
 
     def to_host(self, queue):
         """The matrix as a scipy CSR on the host (one read back: for the conversions

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pyspmv_cl"
 # Lowest first.  A module not listed belongs to the layer of its package.
 LAYERS = [
     {"_version", "errors", "store", "features", "launching", "codegen", "cache",
-     "host_arrays", "host_buffers", "device", "inputs", "device_inputs",
+     "host_arrays", "host_buffers", "device", "inputs", "device_inputs", "background_upload",
      "kernel_objects", "pinned_staging", "numbering"},
     {"formats"},
     {"tuning"},

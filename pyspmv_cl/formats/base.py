@@ -33,7 +33,9 @@ from collections.abc import Sequence
 import numpy as np
 import pyopencl as cl
 
+from ..background_upload import BackgroundUpload
 from ..codegen import ALPHA, BETA, MATRIX, SCRATCH, KernelSpec, X, Y
+from ..device import enqueues_from_threads
 from ..device_inputs import DeviceCSR
 from ..errors import (
     DeviceCapabilityError,
@@ -282,6 +284,8 @@ class SpMVFormat:
         start = time.perf_counter()
         self._build()
         built = time.perf_counter()
+        if self.converting_on_device:
+            csr.start()   # an upload's copies, once the kernels exist (background_upload)
         #: Seconds spent getting the compiled kernels (near zero from the kernel cache).
         self.build_seconds = built - start
         on_device = self.converting_on_device
@@ -842,8 +846,9 @@ def instantiate(cls, csr, device, dtype, params: dict, uploads=None,
     device matrix is read back for a format that converts on the host, and a host matrix
     goes up as CSR for a format that converts faster on a GPU (once for all the calls
     given the same ``uploads``, a :class:`SharedUploads` for this ``csr`` and
-    ``device``).  ``features`` (the matrix's, where the caller has them) give the
-    instance its ``row_spread`` and ``mean_row_length``."""
+    ``device``; without, in the background while the conversion's host work runs).
+    ``features`` (the matrix's, where the caller has them) give the instance its
+    ``row_spread`` and ``mean_row_length``."""
     start = time.perf_counter()
     moved = 0.0
     if isinstance(csr, DeviceCSR):
@@ -852,13 +857,25 @@ def instantiate(cls, csr, device, dtype, params: dict, uploads=None,
     elif converts_on_the_device(cls, csr, device) and \
             cls.device_conversion_takes(csr, params, dtype):
         index = np.int32 if max(csr.nnz, *csr.shape) < 2**31 - 1 else np.int64
-        if uploads is None:
+        if uploads is None and enqueues_from_threads(device):
+            # the conversion's host work goes on during the upload
+            csr = BackgroundUpload(csr, device.queue, index, dtype)
+        elif uploads is None:
             csr = DeviceCSR.upload(csr, device.queue, index, dtype, owned=True)
         else:
             csr, moved = uploads.get(csr, device.queue, index, dtype)
             start = time.perf_counter()
     moved += time.perf_counter() - start
-    impl = cls(csr, device, dtype, params)
+    if isinstance(csr, BackgroundUpload):
+        try:
+            # (its conversion_seconds holds the waits for the arrays)
+            impl = cls(csr, device, dtype, params)
+        except BaseException:
+            csr.abandon()   # no copy left running on the queue
+            raise
+        csr.wait()   # an array the conversion did not read: uploaded all the same
+    else:
+        impl = cls(csr, device, dtype, params)
     impl.conversion_seconds += moved   # the read back or the upload is part of it
     if features is not None:
         impl.row_spread, impl.mean_row_length = features.row_spread, features.mean_row_length
