@@ -295,6 +295,31 @@ def test_from_spec_rejects(spec):
         assert generator in message
 
 
+@pytest.mark.parametrize("spec, says", [
+    ("poisson2d:abc", "N must be an integer, not 'abc', in poisson2d:N"),
+    ("random:2.5", "ROWS must be an integer, not '2.5', in random:ROWS[,NNZ_PER_ROW]"),
+    ("random:5,x", "NNZ_PER_ROW must be an integer, not 'x'"),
+    ("powerlaw:100,nan", "AVG must be a finite number, not 'nan'"),
+    ("banded:10:2", "N must be an integer, not '10:2' (parameters are separated by commas)"),
+    ("denserows", "denserows takes 1 to 3 parameters, separated by commas "
+                  "(denserows:N[,N_DENSE[,NNZ_PER_ROW]]); got 0"),
+    ("rmat:4,4,4", "rmat takes 1 to 2 parameters"),
+])
+def test_from_spec_names_the_bad_parameter(spec, says):
+    """A bad parameter is named as the help writes it, with the generator's form (it
+    was numpy's "could not convert string to float")."""
+    with pytest.raises(ValueError) as info:
+        g.from_spec(spec)
+    assert f"bad matrix spec {spec!r}: {says}" in str(info.value)
+
+
+def test_every_generator_form_names_its_parameters():
+    for name, (_, fields, required) in g._GENERATORS.items():
+        form = g._FORMS[name]
+        assert len(g._labels(form)) == len(fields), name
+        assert len(g._labels(form.partition("[")[0])) == required, name
+
+
 def test_generator_help_lists_everything():
     for word in ("poisson2d:N", "poisson3d:N", "random:ROWS", "powerlaw:N", "rmat:SCALE",
                  "banded:N", "denserows:N", ".mtx.gz", "*K"):

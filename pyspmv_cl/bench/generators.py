@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -346,6 +347,8 @@ def _matrix_stem(path: str) -> str:
 def _number(text: str, kind: type):
     """int or float from a spec field; ints accept '1e6' or '1_000_000' if integral."""
     value = float(text.replace("_", ""))
+    if not np.isfinite(value):
+        raise ValueError(f"{text!r} is not finite")
     if kind is int:
         if not value.is_integer():
             raise ValueError(f"{text!r} is not an integer")
@@ -363,6 +366,16 @@ _GENERATORS: dict[str, tuple[Callable[..., sp.csr_matrix], tuple, int]] = {
     "banded": (banded, (("n", int), ("bandwidth", int)), 1),
     "denserows": (dense_rows, (("n", int), ("n_dense", int), ("nnz_per_row", int)), 1),
 }
+
+
+#: Each generator's form as GENERATOR_HELP writes it, for messages.
+_FORMS = {line.split()[0].split(":")[0]: line.split()[0]
+          for line in GENERATOR_HELP.splitlines()[1:] if ":" in line.split()[0]}
+
+
+def _labels(form: str) -> list:
+    """The parameters' names in a form: ``random:ROWS[,NNZ_PER_ROW]`` -> ROWS, ..."""
+    return re.findall(r"[A-Z][A-Z_]*", form.partition(":")[2])
 
 
 def _bad(spec: str, why: str) -> ValueError:
@@ -420,10 +433,20 @@ def _from_spec(spec):
             raise _bad(spec, f"unknown generator {gen_name!r}")
         fn, fields, required = _GENERATORS[gen_name]
         values = [p.strip() for p in params.split(",")] if params.strip() else []
+        form = _FORMS[gen_name]
         if not required <= len(values) <= len(fields):
-            raise _bad(spec, f"{gen_name} takes {required} to {len(fields)} parameters")
+            raise _bad(spec, f"{gen_name} takes {required} to {len(fields)} parameters, "
+                             f"separated by commas ({form}); got {len(values)}")
+        kwargs = {}
+        for (key, kind), label, v in zip(fields, _labels(form), values):
+            try:
+                kwargs[key] = _number(v, kind)
+            except ValueError:
+                what = "an integer" if kind is int else "a finite number"
+                hint = " (parameters are separated by commas)" if ":" in v else ""
+                raise _bad(spec, f"{label} must be {what}, not {v!r}{hint}, in "
+                                 f"{form}") from None
         try:
-            kwargs = {key: _number(v, kind) for (key, kind), v in zip(fields, values)}
             A = fn(**kwargs)
         except ValueError as exc:
             raise _bad(spec, str(exc)) from None
