@@ -513,6 +513,25 @@ def test_explanation_of_a_candidate_handed_over_early():
     assert "ellr-t has the lowest" not in text, text
 
 
+def test_explanation_tells_a_formats_parameter_variants_apart():
+    """cmrs timed with its default parameters and with others: the winner and each
+    entry of the listing say which (both read "cmrs" before)."""
+    from pyspmv_cl.tuning import tuner
+
+    cands = [{"format": "cmrs", "params": {}, "kernel_seconds": 90e-6,
+              "conversion_seconds": 0.0},
+             {"format": "cmrs", "params": {"rows_per_strip": 8}, "kernel_seconds": 70e-6,
+              "conversion_seconds": 0.0, "alternative": True},
+             {"format": "sell", "params": {}, "kernel_seconds": 80e-6,
+              "conversion_seconds": 0.0}]
+    entry = {"candidates": cands}
+    chosen = tuner._pick(entry, None, {"cmrs", "sell"})
+    assert chosen is cands[1]
+    text = tuner._describe(entry, chosen, None, "measured")
+    assert text.startswith("measured: cmrs{'rows_per_strip': 8} has the lowest"), text
+    assert "cmrs (default parameters) 90" in text and "sell 80" in text, text
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 def test_inf_and_nan_in_the_matrix_are_not_wrong_results(rng, dtype):
     """A matrix holding Inf and NaN: every format propagates them as scipy does, so the

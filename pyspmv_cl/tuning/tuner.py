@@ -598,12 +598,19 @@ def _for_k(k):
 
 def _describe(entry, chosen, expected_calls, how):
     cands = sorted(entry["candidates"], key=lambda c: _score(c, expected_calls))
+    # A format timed with other parameters too: each entry says which it is (the
+    # default entry and the winner both read "cmrs" before).
+    varied = {c["format"] for c in cands if c.get("alternative")}
+
+    def label(c):
+        if c.get("alternative"):
+            return f"{c['format']}{c['params']}"
+        return c["format"] + (" (default parameters)" if c["format"] in varied else "")
 
     def listing(group):
         parts = []
         for c in group:
-            label = c["format"] + (f"{c['params']}" if c.get("alternative") else "")
-            text = f"{label} {_us(c['kernel_seconds'])}"
+            text = f"{label(c)} {_us(c['kernel_seconds'])}"
             if c.get("product") == "column by column":
                 text += " by column"
             if expected_calls:
@@ -620,19 +627,19 @@ def _describe(entry, chosen, expected_calls, how):
     if finalists:   # their times are the re-timed ones: list them apart
         others = [c for c in cands if not c.get("confirmed")]
         if handed:   # in the caller's use since its first pass: never re-timed (_pick)
-            text = (f"{how}: {chosen['format']} was handed over at its first pass "
+            text = (f"{how}: {label(chosen)} was handed over at its first pass "
                     f"({listing([chosen])}) and kept: lower than the {len(finalists)} "
                     f"finalists re-timed in alternation ({listing(finalists)}) among "
                     f"{len(cands)} candidates")
             others = [c for c in others if c is not chosen]
         else:
-            text = (f"{how}: {chosen['format']} has the lowest {objective} of the "
+            text = (f"{how}: {label(chosen)} has the lowest {objective} of the "
                     f"{len(finalists)} finalists re-timed in alternation "
                     f"({listing(finalists)}) among {len(cands)} candidates")
         if others:
             text += f" (first pass, not re-timed: {listing(others[:4])})"
     else:
-        text = (f"{how}: {chosen['format']} has the lowest {objective} of "
+        text = (f"{how}: {label(chosen)} has the lowest {objective} of "
                 f"{len(cands)} candidates ({listing(cands[:5])})")
     if entry.get("skipped"):
         groups = {}
