@@ -131,6 +131,31 @@ def test_one_bad_candidate_damages_the_entry(db, rng, field, value):
     check(op, A, rng)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("block_size", "x"), ("block_size", 0), ("block_size", True), ("skipped", 5),
+    ("skipped", [["ell"]]), ("skipped", [[1, 2]]), ("tuning_seconds", "long"),
+    ("resolved", "zzz"), ("product", 7)])
+def test_one_bad_field_damages_the_entry(db, rng, field, value):
+    """The entry's own fields a lookup reads, and a candidate's ``resolved`` and
+    ``product``: one of the wrong type makes the entry damaged, ignored with one warning
+    and re-tuned (each raised a TypeError in every process before)."""
+    A = matrix()
+    tune(A)
+    (path,) = entries(db)
+
+    def damage(entry):
+        if field in ("resolved", "product"):
+            for c in entry["candidates"]:
+                c[field] = value
+        else:
+            entry[field] = value
+    op, caught = retune_after_edit(path, A, damage)
+    assert op.tuning.source == "measured"
+    assert any("damaged tuning entry" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+    check(op, A, rng)
+
+
 def test_concurrent_processes_tuning_same_and_different_keys(db):
     procs = [run_script(db, k, wait=False) for k in (40, 40, 41)]
     results = [finish(p) for p in procs]

@@ -102,7 +102,22 @@ def _valid(entry, key):
             and isinstance(c.get("format"), str) and isinstance(c.get("params"), dict)
             and (c.get("conversion_seconds") is None
                  or _seconds(c["conversion_seconds"], zero=True))
+            and isinstance(c.get("resolved", {}), dict)
+            and isinstance(c.get("product", ""), str)
             for c in candidates):
+        return "damaged"
+    # The entry's other fields that a lookup reads (a wrong type raised a TypeError in
+    # every process that looked the matrix up, as a candidate's did)
+    block_size = entry.get("block_size", 1)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        return "damaged"
+    skipped = entry.get("skipped", [])
+    if not isinstance(skipped, list) or not all(
+            isinstance(s, (list, tuple)) and len(s) == 2
+            and all(isinstance(part, str) for part in s) for s in skipped):
+        return "damaged"
+    if entry.get("tuning_seconds") is not None and \
+            not _seconds(entry["tuning_seconds"], zero=True):
         return "damaged"
     return None
 
