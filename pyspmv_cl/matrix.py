@@ -187,7 +187,11 @@ class SpMV:
                                         "apply to format='auto' only")
             self.explanation = "format chosen by the caller"
         fmt_cls = get_format(format)
-        if impl is not None:  # built and timed by the tuner: keep it
+        if impl is not None and self.tuning.source == "database":   # built now
+            self._impl = impl
+            self.conversion_time = impl.conversion_seconds
+            self.build_time = impl.build_seconds
+        elif impl is not None:  # built and timed by the tuner: keep it
             self._impl = impl
             self.conversion_time = self.tuning.entry and next(
                 (c["conversion_seconds"] for c in self.tuning.entry["candidates"]

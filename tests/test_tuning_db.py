@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from conftest import DEVICES, assert_close, reference
 
 import pyspmv_cl as psc
@@ -154,6 +155,38 @@ def test_one_bad_field_damages_the_entry(db, rng, field, value):
     assert any("damaged tuning entry" in str(w.message) for w in caught), \
         [str(w.message) for w in caught]
     check(op, A, rng)
+
+
+@pytest.mark.parametrize("kw", [{"tune": True}, {"tune": None, "expected_calls": 50}])
+def test_a_stored_winner_that_cannot_be_built_is_tuned_anew(db, rng, kw):
+    """An entry whose winner does not suit this matrix (edited here; dia past its
+    diagonal limit) is tuned anew with one warning where the caller waits for the
+    choice (tune=True, expected_calls=); it raised FormatNotSuitableError before.  (The
+    default, online path already fell back to its start format.)"""
+    A = sp.random(2000, 2000, density=0.003, format="csr",
+                  random_state=int(rng.integers(1 << 30)))
+    with pytest.raises(psc.FormatNotSuitableError):
+        psc.SpMV(A, format="dia", dtype=np.float32, device=DEVICES[0])
+    tune(A)
+    (path,) = entries(db)
+
+    def damage(entry):
+        for c in entry["candidates"]:
+            c["format"], c["params"] = "dia", {}
+    entry = json.loads(path.read_text())
+    damage(entry)
+    path.write_text(json.dumps(entry))
+    database.clear_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = tune(A, **kw)
+    # (expected_calls=50 would not repay a measurement: the rules decide)
+    assert op.tuning.source in ("measured", "model") and op.format != "dia"
+    assert [str(w.message) for w in caught if "cannot be built" in str(w.message)], \
+        [str(w.message) for w in caught]
+    check(op, A, rng)
+    if op.tuning.source == "measured":   # stored over the entry
+        assert json.loads(path.read_text())["candidates"][0]["format"] != "dia"
 
 
 def test_concurrent_processes_tuning_same_and_different_keys(db):

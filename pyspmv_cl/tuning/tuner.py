@@ -44,7 +44,7 @@ import pyopencl as cl
 from .. import store
 from ..device import runs_in_calling_thread
 from ..device_inputs import DeviceCSR
-from ..errors import FormatNotSuitableError, InvalidParameterError
+from ..errors import FormatNotSuitableError, InvalidParameterError, PySpMVError
 from ..features import (
     bandwidth,
     product_bytes,
@@ -747,7 +747,11 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                                                  **chosen.get("resolved", {})}, dtype):
                 return _database_handover(csr, features, device, dtype, user_params,
                                           stored, chosen, block_size)
-            return stored
+            stored.impl = _build_stored(chosen, csr, features, device, dtype, user_params,
+                                        (key, entry.get("created")))
+            if stored.impl is not None:
+                return stored
+            database.forget(key)   # decided anew below, and stored over it
 
     if mode == "auto":
         worth, why = _worth_measuring(features, profile, dtype, expected_calls,
@@ -803,6 +807,24 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
                         f"parameters ({exc}); tuning anew")
         return False
     return True
+
+
+def _build_stored(chosen, csr, features, device, dtype, user_params, tag):
+    """The stored winner built for this matrix, or None (with one warning per entry,
+    ``tag``) where it cannot be: an entry edited, or written for a matrix of the same
+    fingerprint that this one's structure does not suit (dia's diagonal limit), raised
+    to the caller before, where the online path fell back to its start format."""
+    cls = FORMATS[chosen["format"]]
+    try:
+        resolved = cls.resolve_params(features, device.profile, dtype,
+                                      {**(user_params or {}), **chosen["params"]})
+        return instantiate(cls, csr, device, dtype, resolved, features=features)
+    except PySpMVError as exc:
+        store.warn_once(("tuning-unbuildable", tag),
+                        f"pyspmv_cl: the tuning database's choice, {chosen['format']}, "
+                        f"cannot be built for this matrix ({str(exc).splitlines()[0]}); "
+                        "tuning anew")
+        return None
 
 
 def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
