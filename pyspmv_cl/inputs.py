@@ -204,6 +204,28 @@ def check_scalar(name, value, complex_ok):
         raise InvalidTypeError(f"{name} must be a number, not {value!r}") from None
 
 
+def check_scalar_range(name, value, dtype) -> None:
+    """Refuse an ``alpha``/``beta`` (a Python float or complex) that the operator's
+    ``dtype`` (float32, complex64) would hold as inf or as 0: its kernels compute in
+    that type, so 1e300 gave inf and 1e-50 gave 0, with numpy's overflow warning at
+    most.  NaN and inf themselves pass (the caller asked for them)."""
+    real = np.finfo(dtype)
+    # (Python floats: numpy would cast the value to float32 to compare it with a float32)
+    largest, smallest = float(real.max), float(real.smallest_subnormal)
+    for part in (value.real, value.imag) if isinstance(value, complex) else (value,):
+        size = abs(part)
+        if largest < size < float("inf"):
+            raise InvalidInputError(
+                f"{name}={value!r} is outside {real.dtype}'s range (largest {largest:.3g}): "
+                f"this operator computes in {np.dtype(dtype)}; build one with a 64-bit "
+                f"dtype, or scale {name} into range")
+        if 0 < size < smallest / 2:
+            raise InvalidInputError(
+                f"{name}={value!r} would round to 0 in {np.dtype(dtype)}, the type this "
+                f"operator computes in (smallest {smallest:.3g}); build one "
+                f"with a 64-bit dtype, or scale {name} into range")
+
+
 def check_real_scalar(name, value):
     if isinstance(value, (str, bytes)):   # float("2") would take it silently
         raise InvalidTypeError(f"{name} must be a real number, not the string {value!r}")

@@ -40,6 +40,7 @@ from .host_buffers import COPY, host_buffer, spin_seconds, usable_in_place, wait
 from .inputs import (
     as_host_csr,
     check_scalar,
+    check_scalar_range,
     check_value_range,
     is_complex,
     needs_fp64,
@@ -429,10 +430,23 @@ class SpMV:
         """alpha/beta: a complex for a complex operator, a float where the value is real
         (a real operator given a complex one computes through ``_matvec_split``)."""
         if type(value) is float:   # the usual 1.0 and 0.0: what the checks would return
+            if value not in (0.0, 1.0) and self._narrow_scalars:
+                check_scalar_range(name, value, self.dtype)
             return complex(value) if self.is_complex else value
         if isinstance(value, (complex, np.complexfloating)):   # numpy's rule goes by type:
-            return complex(value)                              # complex even if 1+0j
-        return check_scalar(name, value, complex_ok=self.is_complex)
+            value = complex(value)                             # complex even if 1+0j
+        else:
+            value = check_scalar(name, value, complex_ok=self.is_complex)
+        # (a real operator applies complex scalars on the host, in the complex result's
+        # type: _matvec_split)
+        if self._narrow_scalars and (self.is_complex or not isinstance(value, complex)):
+            check_scalar_range(name, value, self.dtype)
+        return value
+
+    @functools.cached_property
+    def _narrow_scalars(self) -> bool:
+        """Whether alpha and beta go to the kernels in 32 bits (float32, complex64)."""
+        return self.dtype in (np.float32, np.complex64)
 
     @functools.cached_property
     def _host_spin(self) -> float:

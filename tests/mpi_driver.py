@@ -96,9 +96,13 @@ def misuse_case(band):
     single-device operator's errors on the rank that passed them (a test drive found
     raw TypeErrors and a silently real solution)."""
     op = psd.SpMV.from_global(band if rank == 0 else None, comm, dtype=np.float64, **FAST)
+    op32 = psd.SpMV.from_global(band if rank == 0 else None, comm, dtype=np.float32, **FAST)
     n = op.local_shape[0]
     outcomes = {}
     for name, call in [
+            ("matvec32_alpha_huge", lambda: op32.matvec(np.ones(n), alpha=1e300)),
+            ("rmatvec32_beta_tiny", lambda: op32.rmatvec(np.ones(n), out=np.ones(n),
+                                                          beta=1e-50)),
             ("cg_M_array", lambda: psd.cg(op, np.ones(n), M=np.ones(n))),
             ("cg_complex_b", lambda: psd.cg(op, np.ones(n) * (1 + 1j))),
             ("matvec_alpha_string", lambda: op.matvec(np.ones(n), alpha="2")),
@@ -110,8 +114,9 @@ def misuse_case(band):
         except Exception as exc:   # every rank passes the same bad argument
             outcomes[name] = f"{type(exc).__name__}: {exc}"
     y = op.matvec(np.ones(n))   # still works together afterwards
-    ok = bool(np.all(np.isfinite(y)))
+    ok = bool(np.all(np.isfinite(y))) and bool(np.all(np.isfinite(op32.matvec(np.ones(n)))))
     op.free()
+    op32.free()
     gathered = comm.gather((outcomes, ok), root=0)
     if rank == 0:
         SUMMARY["misuse"] = gathered

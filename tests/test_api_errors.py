@@ -236,6 +236,47 @@ def test_non_numeric_alpha_beta(op32, name):
         op.matvec(np.ones(30, dtype=np.float32), **kwargs)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+@pytest.mark.parametrize("value, says", [
+    (1e300, "outside float32's range"), (-1e39, "outside float32's range"),
+    (np.float64(1e-50), "would round to 0"), (1e300 + 1j, "outside float32's range"),
+    (1j * 1e-60, "would round to 0")])
+def test_alpha_beta_a_32_bit_operator_cannot_hold(device, rng, dtype, name, value, says):
+    """A 32-bit operator computes with alpha and beta in 32 bits: one that would become
+    inf or 0 there is refused (1e300 gave inf and 1e-50 gave 0, silently), in single
+    and block products alike; inf and subnormals pass."""
+    A = small_matrix(rng)
+    op = psc.SpMV(A, dtype=dtype, device=device)
+    out = np.zeros(A.shape[0], dtype=np.result_type(dtype, value))
+    x = rng.standard_normal(A.shape[1])
+    if isinstance(value, complex) and dtype == np.float32:
+        # a real operator applies complex scalars on the host, in complex128: kept
+        y0 = rng.standard_normal(A.shape[0]) + 0j
+        got = op.matvec(x, out=y0.copy(), **{name: value})
+        want = value * (A @ x) if name == "alpha" else A @ x + value * y0
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * abs(want).max())
+        return
+    with pytest.raises(psc.InvalidInputError, match=f"{name}=.*{says}"):
+        op.matvec(np.ones(A.shape[1]), out=out, **{name: value})
+    with pytest.raises(psc.InvalidInputError, match=says):
+        op.matmat(np.ones((A.shape[1], 3)), **{name: value}, **(
+            {"out": np.zeros((A.shape[0], 3), out.dtype)} if name == "beta" else {}))
+    op.matvec(x, **{name: 1e-45}, **({"out": out} if name == "beta" else {}))   # passes
+    y0 = rng.standard_normal(A.shape[0])
+    got = op.matvec(x, out=y0.astype(out.dtype), **{name: np.inf})
+    assert np.all(np.isinf(got) | np.isnan(got))
+
+
+def test_alpha_beta_in_a_64_bit_operator(device, rng):
+    if not device.profile.fp64:
+        pytest.skip("no fp64")
+    A = small_matrix(rng)
+    x = rng.standard_normal(A.shape[1])
+    got = psc.SpMV(A, dtype=np.float64, device=device).matvec(x, alpha=1e300)
+    np.testing.assert_allclose(got, 1e300 * (A @ x), rtol=1e-12)
+
+
 # --------------------------------------------------------------------- device limits
 
 

@@ -217,7 +217,9 @@ def test_bad_input_same_error_on_every_rank(mpi_run, case):
 
 def test_misuse_refused_with_clear_errors(mpi_run):
     _, summary = mpi_run
-    expected = {"cg_M_array": ("InvalidInputError", "M must be None or 'jacobi'"),
+    expected = {"matvec32_alpha_huge": ("InvalidInputError", "outside float32's range"),
+                "rmatvec32_beta_tiny": ("InvalidInputError", "would round to 0 in float32"),
+                "cg_M_array": ("InvalidInputError", "M must be None or 'jacobi'"),
                 "cg_complex_b": ("DistributedInputError", "b_local is complex"),
                 "matvec_alpha_string": ("InvalidTypeError", "alpha must be a real number"),
                 "matvec_beta_none": ("InvalidTypeError", "beta must be a real number"),

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from ..adjoint import TransposedView as LocalTransposedView
 from ..device import devices, get_device
 from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
-from ..inputs import as_host_csr, check_real_scalar
+from ..inputs import as_host_csr, check_real_scalar, check_scalar_range
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
 from .compressed import CompressedRows
@@ -591,8 +591,17 @@ class SpMV:
         return self._refusable(self._matvec, self._requests, self._flag_out,
                                x_local, out, alpha, beta)
 
-    def _matvec(self, x_local, out, alpha, beta):
+    def _scalars(self, alpha, beta):
+        """alpha and beta as floats, refused where the local operators' 32-bit type
+        would hold them as inf or 0 (``inputs.check_scalar_range``)."""
         alpha, beta = check_real_scalar("alpha", alpha), check_real_scalar("beta", beta)
+        if self.dtype == np.float32:
+            check_scalar_range("alpha", alpha, self.dtype)
+            check_scalar_range("beta", beta, self.dtype)
+        return alpha, beta
+
+    def _matvec(self, x_local, out, alpha, beta):
+        alpha, beta = self._scalars(alpha, beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
         m, n = self.local_shape
@@ -746,7 +755,7 @@ class SpMV:
                                y_local, out, alpha, beta)
 
     def _rmatvec(self, y_local, out, alpha, beta):
-        alpha, beta = check_real_scalar("alpha", alpha), check_real_scalar("beta", beta)
+        alpha, beta = self._scalars(alpha, beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the x to accumulate into")
         m, n = self.local_shape
