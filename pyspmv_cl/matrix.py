@@ -52,6 +52,18 @@ from .tuning.online import CPU_BYTES_PER_SECOND
 from .tuning.tuner import select
 
 
+def _refuse_an_operator(name, x):
+    """Another operator (an SpMV, a transposed view, a scipy LinearOperator) where a
+    vector or block is due: refused by name (numpy made it an object array, refused as a
+    "non-numeric dtype object")."""
+    if not isinstance(x, (np.ndarray, cla.Array)) and callable(getattr(x, "matvec", None)):
+        raise InvalidTypeError(
+            f"{name} is an operator ({type(x).__name__}), not a vector or a block: products "
+            "of two operators are not formed; compose them as scipy operators, e.g. "
+            "op.aslinearoperator() @ other.aslinearoperator(), or multiply a vector by "
+            "each in turn")
+
+
 def _check_host_out(out, exact=False):
     """A host ``out``: a numpy array (else an InvalidTypeError: a list, a tuple, a sparse
     matrix...) that can be written (else an InvalidInputError); ``exact``: np.matrix is a
@@ -302,6 +314,13 @@ class SpMV:
     def __matmul__(self, x):
         return self.matvec(x)
 
+    def __mul__(self, other):
+        raise InvalidTypeError(
+            "op * x is not defined for an operator: the product is op @ x (or "
+            "op.matvec(x, alpha=...) for a scaled one)")
+
+    __rmul__ = __mul__
+
     def __rmatmul__(self, x):
         """``x @ op``: ``op.T @ x`` for a vector, ``(op.T @ x.T).T`` for rows."""
         return rmatmul(self, x)
@@ -331,6 +350,7 @@ class SpMV:
         type is cast on the device (a temporary and one copy kernel per call; keep
         them in ``op.dtype`` to avoid it).
         """
+        _refuse_an_operator("x", x)
         alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
@@ -358,6 +378,7 @@ class SpMV:
         a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays, at
         any offset (others: ``UnsupportedLayoutError``).  Other formats multiply column
         by column (device arrays through a column copy on the device)."""
+        _refuse_an_operator("X", X)
         check_block(X, "matmat")
         return self.matvec(X, out=out, alpha=alpha, beta=beta)
 

@@ -59,6 +59,19 @@ def test_non_numeric_x(op32, x):
     assert issubclass(psc.UnsupportedDtypeError, TypeError)
 
 
+def test_an_operator_as_x_is_refused_by_name(op32):
+    """op @ op (and a linear operator, a transposed view) said "non-numeric dtype
+    object"; now the error names the operator and how to compose; op * x says to use @."""
+    op, _ = op32
+    for call in (lambda: op @ op, lambda: op.matmat(op), lambda: op.rmatvec(op),
+                 lambda: op @ op.aslinearoperator(), lambda: op.matvec(op.T)):
+        with pytest.raises(psc.InvalidTypeError, match="is an operator .*aslinearoperator"):
+            call()
+    for call in (lambda: op * np.ones(30), lambda: np.ones(40) * op, lambda: 2.0 * op):
+        with pytest.raises(psc.InvalidTypeError, match=r"the product is op @ x"):
+            call()
+
+
 def test_complex_matrix_with_a_real_dtype(cpu_device, rng):
     A = small_matrix(rng).astype(np.complex128)
     with pytest.raises(psc.UnsupportedDtypeError, match="imaginary.*complex64"):
