@@ -5,6 +5,7 @@ import json
 import math
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -16,8 +17,8 @@ from .device import devices, get_device
 from .errors import PySpMVError
 from .features import MatrixFeatures
 from .formats import FORMATS
-from .inputs import needs_fp64, resolve_dtype
-from .tuning import database_dir, select
+from .inputs import check_value_range, needs_fp64, resolve_dtype
+from .tuning import database, database_dir, select
 
 
 def _cmd_devices(args):
@@ -156,8 +157,15 @@ def _cmd_tune(args):
                  if not needs_fp64(d) or device.profile.fp64]
     bar = None if args.quiet else bench.ProgressBar(total=len(jobs))
     rows = []
+    store_errors = database.stats["errors"]
     for name, A, dtype in jobs:
         csr = A.tocsr()
+        try:   # as SpMV(A, dtype=...) refuses: values float32 would hold as inf
+            check_value_range(csr.data, dtype, f"matrix {name}")
+        except PySpMVError as exc:
+            print(f"pyspmv-cl tune: {exc}", file=sys.stderr)
+            refused += 1
+            continue
         if bar:
             before = bar.done
             bar.show(f"{name} {dtype.name}: fingerprint")
@@ -182,6 +190,10 @@ def _cmd_tune(args):
                      "explanation": decision.explanation})
     if bar:
         bar.close()
+    if database.stats["errors"] > store_errors:   # (the warning above says why)
+        print(f"pyspmv-cl tune: the decisions could not be stored in {database_dir()}: "
+              "they were kept in this process's memory only", file=sys.stderr)
+        refused += 1
     if args.json:
         print(json.dumps({"device": device.profile.name, "database": str(database_dir()),
                           "results": rows}, indent=1, default=str))
@@ -271,8 +283,15 @@ def build_parser():
 
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """The library's warnings as one line each (not Python's file, line and source)."""
+    text = str(message).removeprefix("pyspmv_cl: ")
+    print(f"pyspmv-cl: warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -280,6 +299,8 @@ def main(argv=None):
     except PySpMVError as exc:
         print(f"pyspmv-cl: {exc}", file=sys.stderr)
         return 1
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

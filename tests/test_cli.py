@@ -340,3 +340,49 @@ def test_bench_skips_matrices_with_nothing_to_time(tmp_path):
     skipped = [r for r in rows if "nothing to time" in r.get("error", "")]
     assert len(skipped) == 2, rows
     assert any(r.get("matrix") == "poisson2d-20" and "error" not in r for r in rows), rows
+
+
+def test_tune_refuses_values_the_dtype_cannot_hold(tmp_path, capsys, monkeypatch):
+    """--dtype float32 on a matrix holding 1e300: refused as SpMV(A, dtype=float32)
+    refuses it (exit 1), where every candidate failed as a 'wrong result' before and
+    the command exited 0; the float64 tuning goes on."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from pyspmv_cl import cli
+    from pyspmv_cl.tuning.tuner import Decision
+
+    asked = []
+    monkeypatch.setattr(cli, "select", lambda csr, features, device, dtype, **k: asked.append(
+        dtype) or Decision("csr-scalar", {}, "measured because", "measured",
+                           kernel_seconds=1e-5))
+    path = tmp_path / "big.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1e300\n"
+                    "2 2 1.0\n")
+    argv = ["tune", "--device", DEVICES[0].id, "--quiet", str(path)]
+    assert cli.main([*argv, "--dtype", "float32"]) == 1
+    assert "overflow float32" in capsys.readouterr().err and asked == []
+    if DEVICES[0].profile.fp64:
+        assert cli.main([*argv, "--dtype", "both"]) == 1
+        assert [d.name for d in asked] == ["float64"]
+
+
+def test_tune_says_when_nothing_could_be_stored(tmp_path, capsys, monkeypatch):
+    """An unwritable tuning directory: the decision is printed, the warning is one line
+    (not Python's source line), and the exit status is 1 with 'could not be stored'."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from pyspmv_cl import cli
+    from pyspmv_cl.tuning import database
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PYSPMV_CL_TUNING_DIR", str(blocker / "db"))
+    monkeypatch.delenv("PYSPMV_CL_NO_CACHE", raising=False)
+    database.clear_memory()
+    code = cli.main(["tune", "--device", DEVICES[0].id, "--quiet", "--budget", "2",
+                     "poisson2d:6"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "could not be stored" in err and "kept in this process's memory only" in err
+    assert "pyspmv-cl: warning: " in err and "tuning database" in err
+    assert "database.store(" not in err   # no source line
