@@ -305,6 +305,9 @@ def test_a_stored_winner_converting_on_the_host_is_handed_over(device, rng):
     op = psc.SpMV(A, device=device)
     assert op.tuning.source == "database" and op.format == start
     assert "bccoo converts in the background" in op.explanation
+    trigger = op.tuning.online.trigger   # the explanation says when it starts
+    assert (f"after {trigger} products" if trigger > 1 else "after the first product") \
+        in op.explanation
     x = rng.standard_normal(A.shape[1])
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
     assert op.finish_tuning(60) == "done"

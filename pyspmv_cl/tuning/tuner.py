@@ -857,8 +857,11 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
     tuning = online.OnlineTuning(convert_winner, budget=conversion, trigger=trigger,
                                  start=(start_format, start_params),
                                  inline=runs_in_calling_thread(device))
+    # (on CPUs the conversion shares the cores with the caller's products: it starts
+    # once they have run for a share of its cost, as a measurement does)
+    when = "after the first product" if trigger == 1 else f"after {trigger} products"
     explanation = (f"{stored.explanation}; starting on {start_why} while "
-                   f"{stored.format} converts in the background")
+                   f"{stored.format} converts in the background ({when})")
     return Decision(start_format, start_params, explanation, "database",
                     kernel_seconds=stored.kernel_seconds,
                     tuning_seconds=stored.tuning_seconds, entry=stored.entry, online=tuning)
