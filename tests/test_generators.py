@@ -304,6 +304,7 @@ def test_from_spec_rejects(spec):
     ("denserows", "denserows takes 1 to 3 parameters, separated by commas "
                   "(denserows:N[,N_DENSE[,NNZ_PER_ROW]]); got 0"),
     ("rmat:4,4,4", "rmat takes 1 to 2 parameters"),
+    ("denserows:10,20", "N_DENSE must lie in 0..N (N=10), not 20"),
 ])
 def test_from_spec_names_the_bad_parameter(spec, says):
     """A bad parameter is named as the help writes it, with the generator's form (it
@@ -388,3 +389,17 @@ def test_replicate_to_and_resolve_name(tmp_path, monkeypatch):
     assert g.resolve_name("poisson2d:10", "/nowhere") == "poisson2d:10"
     monkeypatch.delenv("PYSPMV_CL_MATRIX_DIR")
     assert g.resolve_name("mine", tmp_path) == str(tmp_path / "mine.mtx.gz")
+
+
+@pytest.mark.parametrize("suffix", [".mtx", ".mtx.gz"])
+def test_a_header_too_large_for_memory_is_refused_before_reading(tmp_path, suffix):
+    """A header of 1e12 rows (one entry): refused from the header with the memory it
+    would need, instead of allocating until the kernel kills the process."""
+    import gzip
+
+    text = b"%%MatrixMarket matrix coordinate real general\n1000000000000 3 1\n1 1 1.0\n"
+    path = tmp_path / f"huge{suffix}"
+    path.write_bytes(gzip.compress(text) if suffix.endswith(".gz") else text)
+    with pytest.raises(ValueError, match="too large to build in this machine's memory "
+                                         r"\(1000000000000 x 3 with 1 entries needs"):
+        g.from_spec(str(path))

@@ -249,8 +249,12 @@ def dense_rows(n: int, n_dense: int = 4, nnz_per_row: int = 8, dense_fraction: f
     for one-thread-per-row kernels and a test of long-row splitting.
     """
     n, n_dense = int(n), int(n_dense)
-    if n < 1 or not 0 <= n_dense <= n or not 0 < dense_fraction <= 1:
-        raise ValueError("need n >= 1, 0 <= n_dense <= n, 0 < dense_fraction <= 1")
+    if n < 1:
+        raise ValueError(f"N must be >= 1, not {n}")
+    if not 0 <= n_dense <= n:
+        raise ValueError(f"N_DENSE must lie in 0..N (N={n}), not {n_dense}")
+    if not 0 < dense_fraction <= 1:
+        raise ValueError(f"dense_fraction must lie in (0, 1], not {dense_fraction}")
     rng = _rng(seed)
     k = min(int(nnz_per_row), n)
     r = np.repeat(np.arange(n, dtype=np.int64), k)
@@ -323,14 +327,42 @@ def load_matrix(path) -> sp.csr_matrix:
     path = Path(path)
     if path.name.endswith(".gz"):
         with gzip.open(path, "rb") as f:
+            _check_fits(scipy.io.mminfo(f))
+        with gzip.open(path, "rb") as f:
             M = scipy.io.mmread(f)
     else:
+        _check_fits(scipy.io.mminfo(str(path)))
         M = scipy.io.mmread(str(path))
     A = sp.csr_matrix(M)
     if A.dtype.kind != "c":
         A = A.astype(np.float64, copy=False)
     A.sum_duplicates()  # also sorts indices
     return A
+
+
+#: Bytes per stored entry and per row while a file is read into CSR (scipy's COO
+#: triplets, then the CSR arrays; the row pointers and their counts and sums), rough
+#: bounds for _check_fits.
+_READ_BYTES_PER_ENTRY = 48
+_READ_BYTES_PER_ROW = 24
+
+
+def _check_fits(info) -> None:
+    """Refuse a file whose header asks for more memory than the machine has (a header of
+    3e9 rows got the process killed by the kernel, with no message: Linux grants the
+    allocation and kills later, so numpy raises no MemoryError)."""
+    rows, cols, entries, _, _, symmetry = info
+    copies = 1 if symmetry == "general" else 2
+    need = _READ_BYTES_PER_ROW * (int(rows) + 1) + \
+        _READ_BYTES_PER_ENTRY * copies * int(entries)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):   # not a POSIX system: no check
+        return
+    if need > have:
+        raise MemoryError(f"{rows} x {cols} with {entries} entries needs about "
+                          f"{need / 2**30:.1f} GiB, more than this machine's "
+                          f"{have / 2**30:.1f} GiB")
 
 
 def _matrix_stem(path: str) -> str:
@@ -393,8 +425,10 @@ def from_spec(spec: str) -> tuple[str, sp.csr_matrix]:
     """
     try:
         return _from_spec(spec)
-    except MemoryError:
-        raise ValueError(f"{spec!r}: too large to build in this machine's memory") from None
+    except MemoryError as exc:
+        why = f" ({exc})" if str(exc) else ""
+        raise ValueError(f"{spec!r}: too large to build in this machine's memory{why}") \
+            from None
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{spec!r}: cannot read it ({type(exc).__name__}: {exc})") from None
     except ValueError as exc:
