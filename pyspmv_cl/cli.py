@@ -3,6 +3,7 @@
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -79,13 +80,10 @@ def _cmd_bench(args):
         print("--repeat must be at least 1 and --min-time a finite number of seconds "
               ">= 0", file=sys.stderr)
         return 2
-    if args.json and args.json != "-":
-        try:   # before the runs, not after them
-            with open(args.json, "a"):
-                pass
-        except OSError as exc:
-            print(f"pyspmv-cl bench: cannot write --json {args.json}: {exc.strerror}",
-                  file=sys.stderr)
+    if args.json and args.json != "-":   # before the runs, not after them
+        why = _cannot_write(args.json)
+        if why:
+            print(f"pyspmv-cl bench: cannot write --json {args.json}: {why}", file=sys.stderr)
             return 2
     peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
     specs = args.matrices or list(DEFAULT_SPECS)
@@ -122,13 +120,27 @@ def _cmd_bench(args):
     return 0
 
 
+def _cannot_write(path):
+    """Why ``path`` could not be written, or None; creates nothing (an empty file left
+    behind by a run refused later was mistaken for its results)."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return "it is a directory"
+    if os.path.exists(target):
+        return None if os.access(target, os.W_OK) else "permission denied"
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        return f"no directory {folder}"
+    return None if os.access(folder, os.W_OK) else f"cannot create files in {folder}"
+
+
 def _cmd_tune(args):
     device = get_device(args.device)
     if args.dtype not in ("default", "float32", "float64", "both"):
         print(f"unknown dtype {args.dtype!r}: use default, float32, float64 or both",
               file=sys.stderr)
         return 2
-    if args.budget is not None and args.budget <= 0:
+    if args.budget is not None and not 0 < args.budget < math.inf:   # (NaN too)
         print("--budget must be positive seconds", file=sys.stderr)
         return 2
     if args.expected_calls is not None and args.expected_calls < 1:

@@ -23,6 +23,7 @@ from .device_inputs import DeviceCSR, as_device_csr, check_device_value_range, i
 from .errors import (
     DeviceCapabilityError,
     InvalidInputError,
+    InvalidParameterError,
     InvalidTypeError,
     PySpMVError,
     UnknownParameterError,
@@ -194,6 +195,7 @@ class SpMV:
             self.explanation = self.tuning.explanation
             self.tuning.impl = None  # the operator owns it now
         else:
+            get_format(format)   # an unknown name is said so first ("auto " included)
             if tune is not None or expected_calls is not None or tune_budget is not None \
                     or block_size is not None:
                 raise InvalidInputError("tune, expected_calls, tune_budget and block_size "
@@ -655,11 +657,13 @@ class SpMV:
         operator does not tune online)."""
         if timeout is not None:   # checked before anything starts
             try:
-                ok = P.number()(timeout) >= 0
-            except P.Invalid:
-                ok = False
-            if not ok:
-                raise InvalidTypeError(f"timeout must be None or seconds >= 0, not {timeout!r}")
+                seconds = P.number()(timeout)
+            except P.Invalid:   # not a number at all: a TypeError
+                raise InvalidTypeError(f"timeout must be None or seconds >= 0, not "
+                                       f"{timeout!r}") from None
+            if not seconds >= 0:   # a number out of range (NaN too): a ValueError
+                raise InvalidParameterError(f"timeout must be None or seconds >= 0, not "
+                                            f"{timeout!r}")
         tuning = self.tuning.online if self.tuning is not None else None
         if tuning is None:
             return "none"

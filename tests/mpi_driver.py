@@ -106,6 +106,7 @@ def misuse_case(band):
             ("cg_M_array", lambda: psd.cg(op, np.ones(n), M=np.ones(n))),
             ("cg_complex_b", lambda: psd.cg(op, np.ones(n) * (1 + 1j))),
             ("matvec_alpha_string", lambda: op.matvec(np.ones(n), alpha="2")),
+            ("matvec_complex_x", lambda: op.matvec(1j * np.ones(n))),
             ("matvec_beta_none", lambda: op.matvec(np.ones(n), beta=None)),
             ("rmatvec_alpha_string", lambda: op.rmatvec(np.ones(n), alpha="abc"))]:
         try:

@@ -386,3 +386,20 @@ def test_tune_says_when_nothing_could_be_stored(tmp_path, capsys, monkeypatch):
     assert "could not be stored" in err and "kept in this process's memory only" in err
     assert "pyspmv-cl: warning: " in err and "tuning database" in err
     assert "database.store(" not in err   # no source line
+
+
+def test_refused_runs_leave_no_json_file_and_nan_budget_is_refused(tmp_path, capsys):
+    """A bench refused for its matrix spec left an empty --json file behind (the
+    writability check created it); tune --budget nan passed the CLI's check."""
+    from pyspmv_cl import cli
+
+    out = tmp_path / "out.json"
+    assert cli.main(["bench", "nosuch:1", "--json", str(out), "--quiet"]) == 2
+    assert not out.exists()
+    assert cli.main(["bench", "poisson2d:4", "--json", str(tmp_path), "--quiet"]) == 2
+    assert "it is a directory" in capsys.readouterr().err
+    assert cli.main(["tune", "poisson2d:4", "--budget", "nan", "--quiet"]) == 2
+    assert "--budget must be positive seconds" in capsys.readouterr().err
+    (tmp_path / "d.mtx").mkdir()
+    assert cli.main(["tune", str(tmp_path / "d.mtx"), "--quiet"]) == 2
+    assert "is a directory, not a Matrix Market file" in capsys.readouterr().err

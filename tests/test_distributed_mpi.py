@@ -222,6 +222,8 @@ def test_misuse_refused_with_clear_errors(mpi_run):
                 "cg_M_array": ("InvalidInputError", "M must be None or 'jacobi'"),
                 "cg_complex_b": ("DistributedInputError", "b_local is complex"),
                 "matvec_alpha_string": ("InvalidTypeError", "alpha must be a real number"),
+                "matvec_complex_x": ("UnsupportedDtypeError",
+                                     "x is complex (complex128): the distributed operator"),
                 "matvec_beta_none": ("InvalidTypeError", "beta must be a real number"),
                 "rmatvec_alpha_string": ("InvalidTypeError", "alpha must be a real number")}
     for outcomes, ok in summary["misuse"]:

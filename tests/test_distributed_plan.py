@@ -209,8 +209,10 @@ def test_partition_edge_cases():
     one_heavy = np.array([0, 1000, 1001, 1002, 1003])   # row 0 holds nearly everything
     offsets = dp.partition_rows(one_heavy, 2)
     assert offsets.tolist()[0] == 0 and offsets[-1] == 4 and np.all(np.diff(offsets) >= 0)
-    with pytest.raises(InvalidInputError, match="partition"):
+    with pytest.raises(InvalidInputError, match="partition='metis' permutes the matrix"):
         dp.partition_rows(one_heavy, 2, "metis")
+    with pytest.raises(InvalidInputError, match="'nnz', 'rows' or 'metis' .* not 'bogus'"):
+        dp.partition_rows(one_heavy, 2, "bogus")
     with pytest.raises(InvalidInputError, match="rise from 0"):
         dp.simulate(sp.eye(4, format="csr"), [0, 3, 2, 4])
     with pytest.raises(InvalidInputError, match="at least one"):

@@ -579,7 +579,10 @@ def test_tune_budget_types(budget, ok):
 def test_finish_tuning_timeout_is_checked_first():
     A = generators.poisson2d(20)
     op = psc.SpMV(A, format="csr-scalar", device=DEVICES[0])
-    for bad in ("abc", -1.0, True):
+    for bad in ("abc", True):   # not a number: a TypeError
         with pytest.raises(psc.InvalidTypeError, match="timeout must be None or seconds"):
+            op.finish_tuning(timeout=bad)
+    for bad in (-1.0, float("nan")):   # a number out of range: a ValueError
+        with pytest.raises(psc.InvalidParameterError, match="timeout must be None or second"):
             op.finish_tuning(timeout=bad)
     assert op.finish_tuning(timeout=0.5) == "none"

@@ -457,6 +457,8 @@ def _from_spec(spec):
             base = head.strip()
 
     if os.path.isfile(base) or base.endswith((".mtx", ".mtx.gz")):
+        if os.path.isdir(base):
+            raise _bad(spec, f"{base!r} is a directory, not a Matrix Market file")
         if not os.path.isfile(base):
             raise _bad(spec, f"no such file {base!r}")
         name, A = _matrix_stem(base), load_matrix(base)

@@ -496,6 +496,10 @@ class SpMV:
         """Check a numpy operand (``size`` owned entries, ``where`` says which) and its
         ``out``; returns the operand as an array and the result's shape."""
         v = np.asarray(v)
+        if v.dtype.kind == "c":
+            raise UnsupportedDtypeError(
+                f"{name} is complex ({v.dtype}): the distributed operator is real; "
+                f"multiply {name}.real and {name}.imag separately")
         if v.dtype.kind not in "fiub":
             raise UnsupportedDtypeError(f"{name} must hold numbers, not {v.dtype}")
         if v.shape not in ((size,), (size, 1)):

@@ -66,8 +66,12 @@ def partition_rows(indptr, nparts, by="nnz"):
         raise InvalidInputError(f"need at least one part, not {nparts}")
     if by == "rows":
         return even_offsets(m, nparts)
+    if by == "metis":   # (it permutes rows and columns: the operator's own step)
+        raise InvalidInputError("partition='metis' permutes the matrix: SpMV.from_global "
+                                "takes it; here only 'nnz' or 'rows'")
     if by != "nnz":
-        raise InvalidInputError(f"partition must be 'nnz' or 'rows' (or offsets), not {by!r}")
+        raise InvalidInputError(f"partition must be 'nnz', 'rows' or 'metis' (or offsets), "
+                                f"not {by!r}")
     if m == 0:
         return np.zeros(nparts + 1, dtype=np.int64)
     cumulative = indptr - indptr[0] + np.arange(m + 1, dtype=np.int64)   # nnz + rows
