@@ -293,12 +293,8 @@ def test_tune_takes_a_complex_matrix_in_its_own_type(tmp_path, capsys, monkeypat
     import scipy.sparse as sp
 
     from pyspmv_cl import cli
-    from pyspmv_cl.tuning.tuner import Decision
 
-    asked = []
-    monkeypatch.setattr(cli, "select", lambda csr, features, device, dtype, **k: asked.append(
-        dtype) or Decision("csr-scalar", {}, "measured because", "measured",
-                           kernel_seconds=1e-5))
+    asked = _fake_select(monkeypatch)
     path = tmp_path / "complex.mtx"
     scipy.io.mmwrite(str(path), sp.random(20, 20, density=0.2, random_state=0) * (1 + 1j))
     argv = ["tune", "--device", DEVICES[0].id, "--quiet"]
@@ -349,12 +345,8 @@ def test_tune_refuses_values_the_dtype_cannot_hold(tmp_path, capsys, monkeypatch
     if not DEVICES:
         pytest.skip("no OpenCL device")
     from pyspmv_cl import cli
-    from pyspmv_cl.tuning.tuner import Decision
 
-    asked = []
-    monkeypatch.setattr(cli, "select", lambda csr, features, device, dtype, **k: asked.append(
-        dtype) or Decision("csr-scalar", {}, "measured because", "measured",
-                           kernel_seconds=1e-5))
+    asked = _fake_select(monkeypatch)
     path = tmp_path / "big.mtx"
     path.write_text("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1e300\n"
                     "2 2 1.0\n")
@@ -403,3 +395,16 @@ def test_refused_runs_leave_no_json_file_and_nan_budget_is_refused(tmp_path, cap
     (tmp_path / "d.mtx").mkdir()
     assert cli.main(["tune", str(tmp_path / "d.mtx"), "--quiet"]) == 2
     assert "is a directory, not a Matrix Market file" in capsys.readouterr().err
+
+
+def _fake_select(monkeypatch):
+    """cli's select replaced by one that records the dtypes asked and decides at once;
+    returns that record."""
+    from pyspmv_cl import cli
+    from pyspmv_cl.tuning.tuner import Decision
+
+    asked = []
+    monkeypatch.setattr(cli, "select", lambda csr, features, device, dtype, **k: asked.append(
+        dtype) or Decision("csr-scalar", {}, "measured because", "measured",
+                           kernel_seconds=1e-5))
+    return asked

@@ -43,16 +43,16 @@ def tune(A, **kw):
                     tune_budget=BUDGET, **kw)
 
 
-def retune_after_edit(path, A, edit):
+def retune_after_edit(path, A, edit, **kw):
     """Edit the stored entry at ``path`` (``edit(entry)`` in place), forget the memory
-    layer, tune ``A`` again; (the operator, the warnings caught)."""
+    layer, tune ``A`` again (``tune(A, **kw)``); (the operator, the warnings caught)."""
     entry = json.loads(path.read_text())
     edit(entry)
     path.write_text(json.dumps(entry))
     database.clear_memory()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        op = tune(A)
+        op = tune(A, **kw)
     return op, caught
 
 
@@ -173,13 +173,7 @@ def test_a_stored_winner_that_cannot_be_built_is_tuned_anew(db, rng, kw):
     def damage(entry):
         for c in entry["candidates"]:
             c["format"], c["params"] = "dia", {}
-    entry = json.loads(path.read_text())
-    damage(entry)
-    path.write_text(json.dumps(entry))
-    database.clear_memory()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        op = tune(A, **kw)
+    op, caught = retune_after_edit(path, A, damage, **kw)
     # (expected_calls=50 would not repay a measurement: the rules decide)
     assert op.tuning.source in ("measured", "model") and op.format != "dia"
     assert [str(w.message) for w in caught if "cannot be built" in str(w.message)], \
