@@ -443,6 +443,7 @@ class SpMV:
 
     def _rproduct(self, x, out, alpha, beta, name):
         """rmatvec/rmatmat (``name``: what their errors are labelled)."""
+        _refuse_an_operator("x", x)   # before the transposed copy is built for it
         alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
         check_operands(self.H, x, out, beta, name)
         with self._lock:   # A and A^T in step: update_values holds it as well

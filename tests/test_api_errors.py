@@ -64,9 +64,11 @@ def test_an_operator_as_x_is_refused_by_name(op32):
     object"; now the error names the operator and how to compose; op * x says to use @."""
     op, _ = op32
     for call in (lambda: op @ op, lambda: op.matmat(op), lambda: op.rmatvec(op),
-                 lambda: op @ op.aslinearoperator(), lambda: op.matvec(op.T)):
+                 lambda: op @ op.aslinearoperator(), lambda: op.matvec(op.T),
+                 lambda: op.T @ op, lambda: op.rmatmat(op)):
         with pytest.raises(psc.InvalidTypeError, match="is an operator .*aslinearoperator"):
             call()
+    assert op._transposed is None   # refused before A^T was built for it
     for call in (lambda: op * np.ones(30), lambda: np.ones(40) * op, lambda: 2.0 * op):
         with pytest.raises(psc.InvalidTypeError, match=r"the product is op @ x"):
             call()
