@@ -80,9 +80,16 @@ def _pieces(ends):
 
 
 def entry_rows(indptr, dtype=np.int64) -> np.ndarray:
-    """The row of every stored entry of a CSR with row pointers ``indptr``."""
+    """The row of every stored entry of a CSR with row pointers ``indptr``.  Far fewer
+    entries than rows (hypersparse: 1 entry in 20M rows) are found by a binary search
+    each, not a pass over every row: bccoo's ranking asks this for 12 block shapes, 3 s
+    of a 1 s tuning budget on that matrix (a 2-core VM)."""
     indptr = np.asarray(indptr)
     n_rows = indptr.size - 1
+    nnz = int(indptr[-1]) if n_rows > 0 else 0
+    if n_rows > 16 * nnz * max(1, n_rows.bit_length()):
+        return (np.searchsorted(indptr, np.arange(nnz), side="right") - 1).astype(
+            dtype, copy=False)
     return repeat(np.arange(n_rows, dtype=dtype), np.diff(indptr), dtype)
 
 

@@ -33,6 +33,23 @@ def test_entry_rows(monkeypatch):
     assert host_arrays.entry_rows(np.array([0, 4]), np.int32).dtype == np.int32
 
 
+@pytest.mark.parametrize("n_rows, nnz", [(100_000, 3), (50_000, 0), (200_000, 40),
+                                          (1000, 900), (3, 1)])
+def test_entry_rows_of_hypersparse_rows(n_rows, nnz):
+    """Far fewer entries than rows take the binary search; both ways agree with numpy's
+    repeat, empty rows (at the ends too) and rows of several entries included."""
+    rng = np.random.default_rng()
+    counts = np.zeros(n_rows, dtype=np.int64)
+    np.add.at(counts, rng.integers(0, n_rows, size=nnz), 1)
+    if nnz:
+        counts[-1] += 1   # an entry in the last row
+    indptr = np.concatenate(([0], np.cumsum(counts)))
+    for dtype in (np.int64, np.int32):
+        got = host_arrays.entry_rows(indptr, dtype)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, np.repeat(np.arange(n_rows), counts))
+
+
 @pytest.mark.parametrize("piece", [1, 3, 1 << 20])
 def test_add_in_pieces(monkeypatch, piece):
     """``out += addend`` piece by piece: the same sums as one numpy add, in place,
