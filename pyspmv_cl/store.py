@@ -204,6 +204,19 @@ class JsonStore:
             for mem_key in [k for k in self._memory if k[1] == key]:
                 del self._memory[mem_key]
 
+    def discard(self, key):
+        """Drop ``key`` from memory and its file from disk (an entry known to be unusable:
+        otherwise every process would meet it again); a file that cannot be removed
+        stays, and is met again."""
+        self.forget(key)
+        root = self._root()
+        if root is None:
+            return
+        try:
+            os.remove(self.path(root, key))
+        except OSError:   # gone already, or not ours to remove
+            pass
+
     def clear_memory(self):
         with self._lock:
             self._memory.clear()

@@ -151,6 +151,11 @@ def store(key, entry):
     return _store.store(key, entry)
 
 
+def discard(key):
+    """Drop ``key`` from memory and from disk (a stored choice that cannot be used)."""
+    _store.discard(key)
+
+
 def forget(key):
     """Drop ``key`` from the memory layer (a forced re-tune then overwrites the file)."""
     _store.forget(key)

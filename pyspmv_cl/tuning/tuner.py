@@ -751,7 +751,7 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                                         (key, entry.get("created")))
             if stored.impl is not None:
                 return stored
-            database.forget(key)   # decided anew below, and stored over it
+            database.discard(key)   # decided anew below (and stored where measured)
 
     if mode == "auto":
         worth, why = _worth_measuring(features, profile, dtype, expected_calls,
