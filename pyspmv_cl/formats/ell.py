@@ -29,7 +29,7 @@ Host API reused by ``hyb`` (stable):
     ``width`` (scalars), ``col_idx``, ``values`` (matrix arrays), x, y, alpha, beta.
 
 Also used by ``dia`` and ``ellr-t``: ``SMALL_BYTES``, ``check_padding``, ``row_slots``,
-``DEFAULT_MAX_PADDING``, ``validate_max_padding`` (the ``MAX_PADDING`` parameter's check).
+``DEFAULT_MAX_PADDING``, ``MAX_PADDING`` (the parameter, ellr-t's too).
 
 ``ELL(csr, device, dtype, params)`` can be built directly with ``params`` as
 ``ELL.resolve_params(...)`` returns them, or with ``max_padding=None`` (never refuse for
@@ -147,12 +147,6 @@ def check_padding(name, slots, nnz, sizes, max_padding, advice, profile, what):
 MAX_PADDING = P.Param("max_padding", P.limit(),
                       "refuse when the padded arrays exceed this many slots per non-zero "
                       "(inf: never)")
-
-
-def validate_max_padding(name, value):
-    """``value`` as a float >= 1, or None for no limit (None or inf); InvalidParameterError
-    (a ValueError) otherwise.  The check of :data:`MAX_PADDING`."""
-    return MAX_PADDING.validate(name, value)
 
 
 @register

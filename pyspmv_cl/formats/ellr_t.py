@@ -31,11 +31,11 @@ from . import params as P
 from .base import SpMVFormat, launch_rows, pow2_floor
 from .ell import (
     DEFAULT_MAX_PADDING,
+    MAX_PADDING,
     TUNING_MAX_PADDING,
     check_padding,
     ell_stride,
     row_slots,
-    validate_max_padding,
 )
 from .ellrt_model import DEFAULT_BLOCK_SIZES, ellrt_model
 from .registry import register
@@ -95,17 +95,6 @@ def ellrt_arrays(csr, t, row_align, index_dtype, dtype):
     return col_idx, values, lengths.astype(index_dtype), slice_
 
 
-def _max_padding_check(what="a number >= 1, or inf (no limit)"):
-    """``max_padding`` as ell takes it (inf: never refuse for padding)."""
-    def check(value):
-        try:
-            return validate_max_padding(ELLRT.name, value)
-        except ValueError:
-            raise P.Invalid(what) from None
-    check.what = what
-    return check
-
-
 @register
 class ELLRT(SpMVFormat):
     name = "ellr-t"
@@ -121,8 +110,7 @@ class ELLRT(SpMVFormat):
                 "work-items per row, up to the SIMD width (None: the model's choice)"),
         P.Param("work_group_size", P.optional(P.positive_int()),
                 "the paper's block size BS, a multiple of T (None: the model's choice)"),
-        P.Param("max_padding", _max_padding_check(),
-                "refuse above this many slots per non-zero (None or inf: no limit)"),
+        MAX_PADDING,
     )
 
     @classmethod
