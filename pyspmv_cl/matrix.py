@@ -194,14 +194,14 @@ class SpMV:
             params = {**params, **self.tuning.params}
             self.explanation = self.tuning.explanation
             self.tuning.impl = None  # the operator owns it now
+            fmt_cls = get_format(format)
         else:
-            get_format(format)   # an unknown name is said so first ("auto " included)
+            fmt_cls = get_format(format)   # an unknown name is said so first ("auto " too)
             if tune is not None or expected_calls is not None or tune_budget is not None \
                     or block_size is not None:
                 raise InvalidInputError("tune, expected_calls, tune_budget and block_size "
                                         "apply to format='auto' only")
             self.explanation = "format chosen by the caller"
-        fmt_cls = get_format(format)
         if impl is not None and self.tuning.source == "database":   # built now
             self._impl = impl
             self.conversion_time = impl.conversion_seconds

@@ -328,7 +328,7 @@ def load_matrix(path) -> sp.csr_matrix:
     if path.name.endswith(".gz"):
         with gzip.open(path, "rb") as f:
             _check_fits(scipy.io.mminfo(f))
-        with gzip.open(path, "rb") as f:
+            f.seek(0)   # (back to the header: a gzip stream rewinds)
             M = scipy.io.mmread(f)
     else:
         _check_fits(scipy.io.mminfo(str(path)))

@@ -827,6 +827,11 @@ def _build_stored(chosen, csr, features, device, dtype, user_params, tag):
         return None
 
 
+def _after(trigger):
+    """When background work starts, as the explanations say it."""
+    return "after the first product" if trigger == 1 else f"after {trigger} products"
+
+
 def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
                        block_size=1):
     """A stored winner that converts on the host (on CPUs ell, csr5, bccoo, ...; on GPUs
@@ -859,7 +864,7 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
                                  inline=runs_in_calling_thread(device))
     # (on CPUs the conversion shares the cores with the caller's products: it starts
     # once they have run for a share of its cost, as a measurement does)
-    when = "after the first product" if trigger == 1 else f"after {trigger} products"
+    when = _after(trigger)
     explanation = (f"{stored.explanation}; starting on {start_why} while "
                    f"{stored.format} converts in the background ({when})")
     return Decision(start_format, start_params, explanation, "database",
@@ -903,7 +908,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
 
     tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
                                  start=start, inline=runs_in_calling_thread(device))
-    when = "after the first product" if trigger == 1 else f"after {trigger} products"
+    when = _after(trigger)
     return Decision(start_format, start_params,
                     f"online{_for_k(block_size)}: starting on {start_why}; measuring "
                     f"candidates in the background {when} (budget {budget:.1f} s), then "
