@@ -20,7 +20,6 @@ DIA refuses (``FormatNotSuitableError``) a matrix spread over more than
 non-zeros (``n_diags * n_rows / nnz``, default 3), unless its arrays are under 1 MiB.
 """
 
-
 import numpy as np
 
 from .. import host_arrays

@@ -38,7 +38,6 @@ padding, for a CSR already cut to ``K`` entries per row); through ``SpMV`` pass
 ``stride`` and ``nbytes`` describe the arrays.
 """
 
-
 import numpy as np
 
 from .. import host_arrays
