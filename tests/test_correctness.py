@@ -12,6 +12,7 @@ from conftest import DTYPES, assert_close, make_operator, poisoned, skip_without
 from matrix_cases import CASES, check_against_scipy, csr_from_row_lengths, magnitudes
 
 import pyspmv_cl as psc
+from pyspmv_cl.errors import InvalidParameterError
 from pyspmv_cl.formats import get_format
 
 FORMATS = psc.formats()  # read at collection time: new formats are covered automatically
@@ -654,6 +655,56 @@ def test_adaptive_capacity():
     assert adaptive_capacity(short, 128, 4, np.float64) == 512
     assert adaptive_capacity(np.zeros(1), 128, 4, np.float64) == 512
 
+
+
+def test_default_block_rows():
+    """Half the group where that many rows of the mean length hold the capacity (and
+    at least one row), else the whole group; no rows: the group."""
+    from pyspmv_cl.formats.csr_vector import default_block_rows
+
+    def rows_of(mean, m=1000):
+        return np.arange(0, mean * m + 1, mean)
+
+    assert default_block_rows(rows_of(35), 128, 1024) == 64     # 64 x 35 >= 1024
+    assert default_block_rows(rows_of(16), 128, 1024) == 64     # 64 x 16 == 1024
+    assert default_block_rows(rows_of(15), 128, 1024) == 128    # 64 x 15 < 1024
+    assert default_block_rows(rows_of(15), 128, 512) == 64
+    assert default_block_rows(np.zeros(1, dtype=np.int64), 128, 1024) == 128
+    assert default_block_rows(rows_of(3), 1, 2) == 1
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("block_rows", [1, 3, 16, "auto"])
+@with_dtypes
+def test_csr_vector_block_rows(block_rows, dtype, device, rng):
+    """The adaptive mapping with row blocks of at most block_rows rows (short rows
+    then get several work-items each) against scipy, host and device vectors, alpha
+    and beta, poisoned outputs; "auto" resolves to a number of rows."""
+    skip_without_fp64(device, dtype)
+    for case in ("row_length_sweep", "one_long_row", "empty_rows", "1x1", "all_equal_rows_64"):
+        A = CASES[case](rng)
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, mapping="adaptive",
+                      work_group_size=16, items_per_thread=4, block_rows=block_rows)
+        got = op.params["block_rows"]
+        assert got == block_rows if block_rows != "auto" else got in (8, 16)
+        assert op._impl.n_blocks >= -(-A.shape[0] // got)   # at most `got` rows each
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+        check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=2.0, beta=-1.0)
+        check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("given, message", [
+    (dict(mapping="adaptive", work_group_size=16, block_rows=32), "exceeds work_group_size"),
+    (dict(mapping="rows", block_rows=8), "needs mapping='adaptive'"),
+    (dict(mapping="merge", block_rows=8), "needs mapping='adaptive'"),
+    (dict(mapping="adaptive", block_rows=0), "block_rows"),
+    (dict(mapping="adaptive", block_rows="half"), "block_rows"),
+])
+def test_csr_vector_block_rows_refused(given, message, device):
+    A = CASES["row_length_sweep"](np.random.default_rng(1))
+    with pytest.raises(InvalidParameterError, match=message):
+        psc.SpMV(A, format="csr-vector", device=device, **given)
 
 @pytest.mark.parametrize("work_group_size", [1, 96, 128])
 @with_dtypes

@@ -18,8 +18,10 @@ the rows into blocks (``row_blocks``), one work-group each:
 
 Blocks are filled greedily (``adaptive_row_blocks``): consecutive rows while they hold
 at most one window of ``work_group_size * items_per_thread`` entries (two for 8-byte
-values and longer rows, ``adaptive_capacity``) and at most ``work_group_size`` rows
-(one work-item per row).  One launch; no scratch.
+values and longer rows, ``adaptive_capacity``) and at most ``block_rows`` rows: the
+group's size (one work-item per row), or half of it where that many rows of the mean
+length fill a block anyway (``default_block_rows``: two work-items per short row).  One
+launch; no scratch.
 
 ``col_bits=16`` (adaptive mapping only) stores each column as a 16-bit offset
 (``col_off``) from its row block's smallest column (``col_base``, one index per block;
@@ -155,6 +157,27 @@ def adaptive_capacity(indptr, work_group_size, items_per_thread, dtype):
         return window
     mean_row = int(indptr[-1]) / m
     return 2 * window if mean_row * work_group_size >= 2 * window else window
+
+
+def default_block_rows(indptr, work_group_size, capacity):
+    """``block_rows="auto"``: half the group where that many rows of the mean length
+    hold ``capacity`` entries, else the whole group.
+
+    A block of more rows than half the group gives each row one work-item to add it up,
+    and a warp then waits for its longest row; at most half the group's rows, each row
+    gets two.  Where the mean row is long enough, the cap seldom cuts a block short.  On
+    an H100 (ten matrices at 20M non-zeros, BENCHMARKS.md, #18) half the rows ran
+    Groebner_id2003_aug (35 entries a row on average) in 61.8 against 65.2 us in float32
+    and 83.5 against 88.1 in float64, and szdMat (18.9) 1% faster; the eight matrices
+    whose half-group blocks would hold less than a window (mean rows of 3.9-15.4) were
+    0-35% slower with it (their blocks 1.3-2x as many), and a quarter of the group was
+    slower still."""
+    indptr = np.asarray(indptr)
+    m = indptr.size - 1
+    half = max(1, work_group_size // 2)
+    if m <= 0:
+        return work_group_size
+    return half if half * (int(indptr[-1]) / m) >= capacity else work_group_size
 
 
 def adaptive_row_blocks(indptr, rows_per_block, capacity, steps=32):
@@ -296,6 +319,10 @@ class CSRVector(CSRFormatBase):
         P.Param("items_per_thread", P.optional(P.integer(1, MAX_ITEMS_PER_THREAD)),
                 "entries each work-item reads per window (mapping='adaptive'), merge "
                 "items per work-item (mapping='merge')"),
+        P.Param("block_rows", P.or_words(P.positive_int(), "auto", None),
+                "most rows of a row block (mapping='adaptive'), at most work_group_size: "
+                "'auto' = half the group where that many rows of the mean length fill "
+                "a block, else the group"),
         *BLOCK_PARAMS,
         P.Param("col_bits", P.or_words(P.one_of(*COL_BITS), "auto"),
                 "bits of a stored column (mapping='adaptive'): 16 = an offset from the row "
@@ -331,7 +358,7 @@ class CSRVector(CSRFormatBase):
         # Barriers are cheap on GPUs (tree) and costly on CPUs (one barrier, serial sum).
         reduction = "serial" if profile.is_cpu else "tree"
         return {"vector_size": vector_size, "work_group_size": wg, "reduction": reduction,
-                "mapping": "rows", "items_per_thread": None,
+                "mapping": "rows", "items_per_thread": None, "block_rows": None,
                 "block_mapping": default_block_mapping(profile), "col_bits": 32,
                 "value_bits": full_bits(dtype)}
 
@@ -345,7 +372,7 @@ class CSRVector(CSRFormatBase):
         shape = adaptive_shape(dtype)
         return {**rows, "mapping": "adaptive", "vector_size": None,
                 "col_bits": "auto" if profile.is_gpu else 32,
-                "items_per_thread": shape["items_per_thread"],
+                "items_per_thread": shape["items_per_thread"], "block_rows": "auto",
                 "work_group_size": pow2_floor(min(shape["work_group_size"],
                                                   profile.max_work_group_size))}
 
@@ -402,6 +429,15 @@ class CSRVector(CSRFormatBase):
                 f"csr-vector: col_bits={params['col_bits']!r} needs mapping='adaptive' (the "
                 f"16-bit offsets are per row block); mapping={params['mapping']!r} reads "
                 "32-bit columns")
+        rows = params.get("block_rows")
+        if params["mapping"] != "adaptive" and rows is not None:
+            raise InvalidParameterError(
+                f"csr-vector: block_rows={rows!r} needs mapping='adaptive' (the rows of "
+                f"a row block); mapping={params['mapping']!r} has no row blocks")
+        if isinstance(rows, int) and rows > wg:
+            raise InvalidParameterError(
+                f"csr-vector: block_rows={rows} exceeds work_group_size={wg} (a block's "
+                "rows are added up by the group's work-items, one row each at least)")
         if params["mapping"] == "rows":
             vs = params["vector_size"]
             if vs is None:
@@ -691,7 +727,9 @@ class CSRVector(CSRFormatBase):
         if not self._adaptive:
             return {}
         capacity = adaptive_capacity(indptr, wg, self.params["items_per_thread"], self.dtype)
-        blocks = adaptive_row_blocks(indptr, wg, capacity)
+        if self.params.get("block_rows") in ("auto", None):
+            self.params["block_rows"] = default_block_rows(indptr, wg, capacity)
+        blocks = adaptive_row_blocks(indptr, self.params["block_rows"], capacity)
         self.n_blocks = blocks.size - 1
         return {"row_blocks": blocks.astype(self.index_dtype)}
 
