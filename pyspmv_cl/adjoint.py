@@ -40,7 +40,12 @@ import pyopencl.array as cla
 
 from . import host_arrays
 from .device_inputs import DeviceCSR
-from .errors import FormatNotSuitableError, InvalidInputError, InvalidParameterError
+from .errors import (
+    FormatNotSuitableError,
+    InvalidInputError,
+    InvalidParameterError,
+    InvalidTypeError,
+)
 from .formats.values import _layout
 
 
@@ -143,6 +148,7 @@ class TransposedCopy:
                 self.operator = make(triple, "auto", **common)
                 why = (f"{fmt} refuses A^T ({exc}); format='auto' chose {self.operator.format}: "
                        f"{self.operator.explanation}")
+        self.operator._copy_of = "the transposed copy (A^T; A^H for complex values)"
         self.operator.explanation = (
             f"transposed copy of a {m}x{n} operator, built on first use "
             f"(read-back and host transpose {self.transpose_seconds:.3f} s, conversion "
@@ -161,7 +167,7 @@ class TransposedCopy:
         if self._rounding is not None:
             dtype, stored = self._rounding
             data = data.astype(dtype).astype(stored).astype(dtype)
-        self.operator.update_values(np.conj(data) if data.dtype.kind == "c" else data)
+        self.operator._update_as_copy(np.conj(data) if data.dtype.kind == "c" else data)
 
 
 def check_operands(op, x, out, beta, name):
@@ -384,6 +390,19 @@ def _linear_operator_class():
 
         def _transpose(self):
             return DeviceLinearOperator(self.operator.T)
+
+        def __copy__(self):   # another wrapper of the same operator
+            return DeviceLinearOperator(self.operator)
+
+        # pickle and deepcopy: the operator's refusal (pickle would fail first on this
+        # class, local to a function, with an error that says nothing of why).
+        def __reduce_ex__(self, protocol):
+            raise InvalidTypeError(
+                "a pyspmv_cl LinearOperator cannot be pickled or deep-copied: its operator "
+                "owns buffers on its device; build another operator from the matrix, e.g. "
+                "SpMV(A, format=op.format, **op.params).aslinearoperator()")
+
+        __deepcopy__ = __reduce__ = __reduce_ex__
 
     return DeviceLinearOperator
 

@@ -104,6 +104,7 @@ class BlockCopy:
                              device=op.device, shape=op.shape, **extra)
         #: Seconds the build took (read-back, upload, conversion).
         self.seconds = time.perf_counter() - start
+        self.operator._copy_of = "the block copy"
         self.operator.explanation = (
             f"block copy of a {op.shape[0]}x{op.shape[1]} {op.format} operator (whose "
             f"format has no block kernels), built for its block products in "
@@ -114,4 +115,4 @@ class BlockCopy:
         return self.operator.has_block_kernels
 
     def update_values(self, data) -> None:
-        self.operator.update_values(np.asarray(data))
+        self.operator._update_as_copy(np.asarray(data))

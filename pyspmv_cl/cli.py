@@ -1,6 +1,8 @@
 """The ``pyspmv-cl`` command: ``devices``, ``bench`` and ``tune``."""
 
 import argparse
+import contextlib
+import errno
 import json
 import math
 import os
@@ -105,19 +107,30 @@ def _cmd_bench(args):
         return 2
     if progress:
         progress.close()
+    # The table first: a file that cannot be written (a full disk) loses no results.
+    if args.json != "-":
+        print(bench.format_report(env, results, verbose=args.verbose), flush=True)
+    code = 0
     if args.plot:
-        bench.plot_roofline(env, results, args.plot)
-        print(f"roofline chart written to {args.plot}", file=sys.stderr)
+        try:
+            bench.plot_roofline(env, results, args.plot)
+            print(f"roofline chart written to {args.plot}", file=sys.stderr)
+        except OSError as exc:
+            print(f"pyspmv-cl bench: cannot write --plot {args.plot}: {exc}", file=sys.stderr)
+            code = 1
     if args.json:
         payload = json.dumps({"environment": env, "results": results}, indent=1, default=str)
         if args.json == "-":
             print(payload)
         else:
-            with open(args.json, "w") as fh:
-                fh.write(payload + "\n")
-    if args.json != "-":
-        print(bench.format_report(env, results, verbose=args.verbose))
-    return 0
+            try:
+                with open(args.json, "w") as fh:
+                    fh.write(payload + "\n")
+            except OSError as exc:
+                print(f"pyspmv-cl bench: cannot write --json {args.json}: {exc} (the "
+                      "results are in the table above)", file=sys.stderr)
+                code = 1
+    return code
 
 
 def _cannot_write(path):
@@ -301,15 +314,30 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"pyspmv-cl: warning: {text}", file=sys.stderr if file is None else file)
 
 
+# Errors of writing an output (stdout, a file): no space, quota, I/O error, pipe closed.
+_OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()   # an output that cannot take it fails here, not at exit
+        return code
     except KeyboardInterrupt:
         return 130
     except PySpMVError as exc:
         print(f"pyspmv-cl: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRORS:
+            raise
+        # stdout is full, gone or closed (a full disk, `| head`): one line, and what is
+        # left in stdout's buffer goes nowhere instead of failing again at exit.
+        print(f"pyspmv-cl: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     finally:
         warnings.showwarning = shown

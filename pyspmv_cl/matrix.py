@@ -68,13 +68,16 @@ def _refuse_an_operator(name, x):
 def _check_host_out(out, exact=False):
     """A host ``out``: a numpy array (else an InvalidTypeError: a list, a tuple, a sparse
     matrix...) that can be written (else an InvalidInputError); ``exact``: np.matrix is a
-    type error too, and other subclasses that numpy.asarray would not return as they are
-    (masked arrays) are refused."""
+    type error too, and a masked array is refused (its mask would be ignored).  Other
+    subclasses (``np.memmap``) are written like any array, as numpy's ``out=`` does."""
     if not isinstance(out, np.ndarray) or (exact and type(out) is np.matrix):
         raise InvalidTypeError(f"out must be a writeable numpy array (or a pyopencl one), "
                                f"not {type(out).__name__}")
-    if (exact and np.asarray(out) is not out) or not out.flags.writeable:
-        raise InvalidInputError("out must be a writeable numpy array")
+    if exact and isinstance(out, np.ma.MaskedArray):
+        raise InvalidInputError("out is a masked array, whose mask the product would ignore: "
+                                "pass out.data or a plain numpy array")
+    if not out.flags.writeable:
+        raise InvalidInputError("out must be a writeable numpy array (this one is read-only)")
 
 
 def _is_device_array(obj):
@@ -249,6 +252,9 @@ class SpMV:
         self._host_values = None     # the last update's values, for a format without map
         self._online = self.tuning.online if self.tuning is not None else None
         self._transposed = None      # adjoint.TransposedCopy, made by the first A^T product
+        # What this operator is of another one that keeps it in step ("the transposed
+        # copy", "the block copy"), else None: then its own update_values refuses.
+        self._copy_of = None
         self._transposed_view = None
         self._adjoint_view = None    # op.H of a complex operator
         self._column_path = None     # formats/columns.py's ColumnPath, of _device_columns
@@ -318,8 +324,9 @@ class SpMV:
 
     def __mul__(self, other):
         raise InvalidTypeError(
-            "op * x is not defined for an operator: the product is op @ x (or "
-            "op.matvec(x, alpha=...) for a scaled one)")
+            "op * x is not defined for an operator (nor np.dot(op, x), which numpy "
+            "computes with *): the product is op @ x (or op.matvec(x, alpha=...) for a "
+            "scaled one)")
 
     __rmul__ = __mul__
 
@@ -1089,6 +1096,15 @@ class SpMV:
         (values coding their positions) and keeps those codes, one per stored slot, as
         the map.  Returns when
         the device holds the new values (products enqueued afterwards use them)."""
+        if self._copy_of is not None:
+            raise InvalidInputError(
+                f"this operator is {self._copy_of} of another operator, which keeps it in "
+                "step: call update_values on that operator (this copy updated alone would "
+                "disagree with it)")
+        self._update_as_copy(data)
+
+    def _update_as_copy(self, data):
+        """update_values without the refusal of a copy (its owner's call)."""
         data = check_values(data, self._nnz, complex_ok=self.is_complex, dtype=self.dtype,
                             queue=self.queue)
         with self._lock:

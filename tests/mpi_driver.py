@@ -108,7 +108,13 @@ def misuse_case(band):
             ("matvec_alpha_string", lambda: op.matvec(np.ones(n), alpha="2")),
             ("matvec_complex_x", lambda: op.matvec(1j * np.ones(n))),
             ("matvec_beta_none", lambda: op.matvec(np.ones(n), beta=None)),
-            ("rmatvec_alpha_string", lambda: op.rmatvec(np.ones(n), alpha="abc"))]:
+            ("rmatvec_alpha_string", lambda: op.rmatvec(np.ones(n), alpha="abc")),
+            ("cg_maxiter_zero", lambda: psd.cg(op, np.ones(n), maxiter=0)),
+            ("cg_tol_string", lambda: psd.cg(op, np.ones(n), tol="1e-8")),
+            ("cg_tol_nan", lambda: psd.cg(op, np.ones(n), tol=float("nan"))),
+            ("cg_maxiter_differs", lambda: psd.cg(op, np.ones(n), maxiter=5 + rank)),
+            ("from_global_bad_root", lambda: psd.SpMV.from_global(None, comm,
+                                                                  root=size + 2))]:
         try:
             call()
             outcomes[name] = None
@@ -118,6 +124,15 @@ def misuse_case(band):
     ok = bool(np.all(np.isfinite(y))) and bool(np.all(np.isfinite(op32.matvec(np.ones(n)))))
     op.free()
     op32.free()
+    op32.free()   # a second free does nothing
+    for name, call in [("matvec_after_free", lambda: op.matvec(np.ones(n))),
+                       ("rmatvec_after_free", lambda: op.rmatvec(np.ones(n))),
+                       ("gather_after_free", lambda: op.gather(np.ones(n)))]:
+        try:
+            call()
+            outcomes[name] = None
+        except Exception as exc:
+            outcomes[name] = f"{type(exc).__name__}: {exc}"
     gathered = comm.gather((outcomes, ok), root=0)
     if rank == 0:
         SUMMARY["misuse"] = gathered
@@ -144,8 +159,11 @@ def refused_product_case(band):
     x = np.ones(op.local_shape[1] + (1 if rank == bad else 0))
     y = np.ones(op.local_shape[0] + (1 if rank == bad else 0))
     outcome = {}
+    xc = (np.ones(op.local_shape[1]) * (1 + (1j if rank == bad else 0))).astype(
+        np.complex128 if rank == bad else np.float64)
     for name, call in (("matvec", lambda: op.matvec(x)), ("rmatvec", lambda: op.rmatvec(y)),
-                       ("device", lambda: op.matvec(cla.to_device(op.queue, x)))):
+                       ("device", lambda: op.matvec(cla.to_device(op.queue, x))),
+                       ("device_complex", lambda: op.matvec(cla.to_device(op.queue, xc)))):
         try:
             call()
             outcome[name] = None
@@ -159,6 +177,24 @@ def refused_product_case(band):
     if rank == 0:
         SUMMARY["refused"] = {"outcomes": outcomes, "neighbours": neighbours, "bad": bad}
         np.savez(OUT / "refused.npz", x=xs, y=after)
+    op.free()
+
+
+def in_place_case(A, fmt):
+    """op.matvec(x, out=x) on device arrays (and on the host): the values sent to the
+    neighbours are x's, not the result's being written over it."""
+    op = psd.SpMV.from_global(A if rank == 0 else None, comm, format=fmt,
+                              offdiag_format=fmt, device=DEVICE)
+    a, b = op.col_range
+    x = np.random.default_rng(21).standard_normal(A.shape[1])
+    x_dev = cla.to_device(op.queue, x[a:b])
+    op.matvec(x_dev, out=x_dev)
+    x_host = x[a:b].copy()
+    op.matvec(x_host, out=x_host)
+    ys = gather(x_dev.get()), gather(x_host)
+    if rank == 0:
+        np.savez(OUT / f"in_place_{fmt}.npz", data=A.data, indices=A.indices,
+                 indptr=A.indptr, shape=A.shape, x=x, y_dev=ys[0], y_host=ys[1])
     op.free()
 
 
@@ -176,9 +212,12 @@ def cg_case():
         x_dev, info_dev = psd.cg(op, cla.to_device(op.queue, b[r0:r1]), tol=1e-10,
                                  maxiter=500, M=M)
         xs_dev = gather(x_dev.get())
+        x_t, info_t = psd.cg(op.T, b[r0:r1], tol=1e-10, maxiter=500, M=M)   # A = A^T
+        xs_t = gather(x_t)
         if rank == 0:
             result[str(M)] = {"x": xs.tolist(), "info": info, "x_dev": xs_dev.tolist(),
-                              "info_dev": info_dev, "iterations": op.cg_stats["iterations"]}
+                              "info_dev": info_dev, "iterations": op.cg_stats["iterations"],
+                              "x_transposed": xs_t.tolist(), "info_transposed": info_t}
         op.free()
     if rank == 0:      # the same solver on one rank (COMM_SELF)
         one = psd.SpMV(A, MPI.COMM_SELF, row_start=0, shape=A.shape, dtype=np.float64,
@@ -326,6 +365,8 @@ def main():
             pois if rank == 0 else None, comm, device=DEVICE))
     cg_case()
     metis_case()
+    for fmt in ("csr-scalar", "sell"):
+        in_place_case(band, fmt)
 
     eye = sp.eye(10, format="csr")
     error_case("shapes_differ", lambda: psd.SpMV(
@@ -351,6 +392,10 @@ def main():
         eye if rank == 0 else None, comm, dtype=np.complex128, **FAST))
     error_case("complex_matrix", lambda: psd.SpMV.from_global(
         (eye * 1j).tocsr() if rank == 0 else None, comm, **FAST))
+    error_case("tuple_of_two_on_last_rank", lambda: psd.SpMV(
+        (eye.data[:0], eye.indices[:0]) if rank == size - 1 else
+        (eye if rank == 0 else eye[:0]), comm, row_start=0 if rank == 0 else 10,
+        shape=(10, 10), **FAST))
     misuse_case(band)
     metis_missing_case()
     refused_product_case(band)

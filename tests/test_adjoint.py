@@ -397,3 +397,22 @@ def test_float64_device_arrays_need_fp64(device, rng):
     u = rng.standard_normal(40)
     AT = transpose_of(A)
     assert_close(op.T @ u, reference(AT, u), AT, u, np.float32)
+
+
+def test_the_transposed_copy_refuses_its_own_update(device, rng):
+    """op.transposed accepted update_values, after which op.T (and the linear
+    operator's adjoint) used other values than op; it refuses now, and op's own update
+    keeps both in step."""
+    A = rectangular(rng, 40, 30, density=0.2)
+    op = psc.SpMV(A, format="sell", dtype=np.float32, device=device)
+    op.build_transposed()
+    with pytest.raises(psc.InvalidInputError, match="transposed copy .* update_values on that"):
+        op.transposed.update_values(rng.standard_normal(A.nnz))
+    data = rng.standard_normal(A.nnz)
+    op.update_values(data)
+    B = A.copy()
+    B.data = data
+    BT = transpose_of(B)
+    u, x = rng.standard_normal(40), rng.standard_normal(30)
+    assert_close(op.T @ u, reference(BT, u), BT, u, np.float32)
+    assert_close(op @ x, reference(B, x), B, x, np.float32)

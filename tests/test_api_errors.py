@@ -693,3 +693,40 @@ def test_copying_or_pickling_an_operator_is_refused(cpu_device, rng):
     assert_close(op @ x, reference(A, x), A, x, np.float64)
     same = psc.SpMV(A, format=op.format, device=cpu_device, **op.params)
     assert_close(same @ x, reference(A, x), A, x, np.float64)
+
+
+def test_pickling_the_linear_operator_is_refused(cpu_device, rng):
+    """pickle.dumps(op.aslinearoperator()) failed on its class (local to a function)
+    with "Can't pickle local object"; now the operator's reason.  copy.copy gives
+    another wrapper of the same operator, which works."""
+    import copy
+    import pickle
+
+    A = sp.random(30, 20, density=0.3, format="csr", random_state=int(rng.integers(1 << 30)))
+    L = psc.SpMV(A, format="sell", device=cpu_device).aslinearoperator()
+    for call in (lambda: pickle.dumps(L), lambda: copy.deepcopy(L), lambda: pickle.dumps(L.H)):
+        with pytest.raises(psc.InvalidTypeError, match="LinearOperator cannot be pickled"):
+            call()
+    x = rng.standard_normal(20)
+    assert_close(copy.copy(L).matvec(x), reference(A, x), A, x, np.float64)
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "sell"])
+def test_memmap_out_is_written(fmt, cpu_device, rng, tmp_path):
+    """A writeable np.memmap as out= (numpy's own out= takes one) was refused as "not
+    writeable"; it is written like any array.  A masked array is refused (its mask
+    would be ignored), and says so."""
+    A = sp.random(40, 30, density=0.2, format="csr", random_state=int(rng.integers(1 << 30)))
+    op = psc.SpMV(A, format=fmt, device=cpu_device)
+    x = rng.standard_normal(30)
+    out = np.memmap(tmp_path / "out.dat", dtype=np.float64, mode="w+", shape=(40,))
+    out[:] = np.nan
+    assert op.matvec(x, out=out) is out
+    assert_close(np.asarray(out), reference(A, x), A, x, np.float64)
+    y0 = rng.standard_normal(40)
+    out[:] = y0
+    op.matvec(x, out=out, alpha=2.0, beta=-1.0)
+    assert_close(np.asarray(out), 2.0 * reference(A, x) - y0, A, x, np.float64)
+    masked = np.ma.masked_array(np.zeros(40), mask=np.zeros(40, bool))
+    with pytest.raises(psc.InvalidInputError, match="masked array"):
+        op.matvec(x, out=masked)

@@ -196,3 +196,15 @@ def test_transposed_blocks(device, rng, monkeypatch):
     check_block(op.T @ Y, A.T.tocsr(), Y, np.float32)
     if not op.transposed.has_block_kernels:
         assert op.transposed.block_copy is not None
+
+
+def test_the_block_copy_refuses_its_own_update(device, rng):
+    """op.block_copy accepted update_values, after which block products used other
+    values than single ones; it refuses now."""
+    A = matrix(rng)
+    op = psc.SpMV(A, format="coo", dtype=np.float32, device=device)
+    op.build_block_copy()
+    with pytest.raises(psc.InvalidInputError, match="the block copy .* update_values on that"):
+        op.block_copy.update_values(rng.standard_normal(A.nnz))
+    X = rng.standard_normal((100, 3))
+    check_block(op @ X, A, X, np.float32)

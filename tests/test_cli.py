@@ -3,6 +3,7 @@
 import gzip
 import json
 import re
+import os
 import subprocess
 import sys
 import tempfile
@@ -408,3 +409,25 @@ def _fake_select(monkeypatch):
         dtype) or Decision("csr-scalar", {}, "measured because", "measured",
                            kernel_seconds=1e-5))
     return asked
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (Linux only)")
+def test_outputs_that_cannot_be_written():
+    """bench --json on a full disk printed a traceback, and its table (printed after
+    the JSON) was lost; a full stdout gave a traceback.  Now: the table, then one
+    line and exit 1; one line and exit 1."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar",
+                   "--peers", "none", "--dtype", "float64", "--repeat", "1",
+                   "--quiet", "--json", "/dev/full", "poisson2d:5")
+    assert proc.returncode == 1
+    assert "csr-scalar" in proc.stdout and "poisson2d-5" in proc.stdout
+    assert "cannot write --json /dev/full" in proc.stderr and "Traceback" not in proc.stderr
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "pyspmv_cl", "devices"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=300,
+                              cwd=tempfile.gettempdir())
+    assert proc.returncode == 1
+    assert "cannot write the output" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Exception ignored" not in proc.stderr

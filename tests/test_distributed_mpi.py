@@ -58,7 +58,8 @@ ERRORS = {"shapes_differ": "different global shapes", "rows_overlap": "must tile
           "metis_not_square": "needs a square matrix",
           "metis_col_range": "col_range cannot be given",
           "complex_dtype": "float32 and float64 only",
-          "complex_matrix": "the matrix is complex"}
+          "complex_matrix": "the matrix is complex",
+          "tuple_of_two_on_last_rank": "A_local as a tuple must be (data, indices, indptr)"}
 
 
 _RUNS = {}
@@ -190,11 +191,13 @@ def test_a_refused_product_leaves_no_rank_waiting(mpi_run):
     out, summary = mpi_run
     refused = summary["refused"]
     bad = refused["bad"]
+    own = {"device_complex": ("UnsupportedDtypeError", "x is complex")}
     for r, (outcome, nbrs) in enumerate(zip(refused["outcomes"], refused["neighbours"])):
+        assert set(outcome) == {"matvec", "rmatvec", "device", "device_complex"}
         for name, message in outcome.items():
             if r == bad:
-                assert message.startswith("InvalidInputError") and "shape" in message, \
-                    (name, message)
+                kind, text = own.get(name, ("InvalidInputError", "shape"))
+                assert message.startswith(kind) and text in message, (name, message)
             elif bad in nbrs:
                 assert message.startswith("DistributedInputError"), (r, name, message)
                 assert f"rank {bad}" in message and "refused" in message
@@ -219,7 +222,17 @@ def test_misuse_refused_with_clear_errors(mpi_run):
     _, summary = mpi_run
     expected = {"matvec32_alpha_huge": ("InvalidInputError", "outside float32's range"),
                 "rmatvec32_beta_tiny": ("InvalidInputError", "would round to 0 in float32"),
-                "cg_M_array": ("InvalidInputError", "M must be None or 'jacobi'"),
+                "cg_M_array": ("DistributedInputError", "M must be None or 'jacobi'"),
+                "cg_maxiter_zero": ("DistributedInputError", "maxiter must be None or an "
+                                                             "integer >= 1, not 0"),
+                "cg_tol_string": ("DistributedInputError", "tol must be a number, not str"),
+                "cg_tol_nan": ("DistributedInputError", "tol must be finite"),
+                "cg_maxiter_differs": ("DistributedInputError", "the ranks give different "
+                                                                "(tol, atol, maxiter, M)"),
+                "from_global_bad_root": ("InvalidInputError", "root must be a rank"),
+                "matvec_after_free": ("InvalidInputError", "was freed"),
+                "rmatvec_after_free": ("InvalidInputError", "was freed"),
+                "gather_after_free": ("InvalidInputError", "was freed"),
                 "cg_complex_b": ("DistributedInputError", "b_local is complex"),
                 "matvec_alpha_string": ("InvalidTypeError", "alpha must be a real number"),
                 "matvec_complex_x": ("UnsupportedDtypeError",
@@ -242,14 +255,27 @@ def test_cg_converges_to_scipy_and_one_rank(mpi_run, M):
     exact = spla.spsolve(A.tocsc(), b)
     res = summary["cg"][M]
     assert res["info"] == 0 and res["info_dev"] == 0 and res["info_one_rank"] == 0
+    assert res["info_transposed"] == 0   # cg on op.T (A is symmetric), Jacobi included
     scale = np.abs(exact).max()
-    for key in ("x", "x_dev", "x_one_rank"):
+    for key in ("x", "x_dev", "x_one_rank", "x_transposed"):
         assert np.abs(np.array(res[key]) - exact).max() <= 1e-8 * scale, key
     assert np.abs(np.array(res["x"]) - np.array(res["x_one_rank"])).max() <= 1e-9 * scale
     assert abs(res["iterations"] - res["iterations_one_rank"]) <= 2
     x_sp, info = spla.cg(A, b, rtol=1e-10, maxiter=500) if _has_rtol() else \
         spla.cg(A, b, tol=1e-10, maxiter=500)
     assert info == 0 and np.abs(np.array(res["x"]) - x_sp).max() <= 1e-8 * scale
+
+
+@pytest.mark.parametrize("fmt", ["csr-scalar", "sell"])
+def test_in_place_products(mpi_run, fmt):
+    """op.matvec(x, out=x): on device arrays the values sent to the neighbours were
+    read after the diagonal kernels had overwritten x (errors of order 1 on row
+    blocks); host arrays too."""
+    out, _ = mpi_run
+    A, f = load(out, f"in_place_{fmt}")
+    x = f["x"]
+    assert_close(f["y_dev"], reference(A, x), A, x, np.float64)
+    assert_close(f["y_host"], reference(A, x), A, x, np.float64)
 
 
 def test_metis_partition_in_original_numbering(mpi_run):

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from ..adjoint import TransposedView as LocalTransposedView
 from ..device import devices, get_device
-from ..errors import InvalidInputError, PySpMVError, UnsupportedDtypeError
+from ..errors import InvalidInputError, InvalidTypeError, PySpMVError, UnsupportedDtypeError
 from ..inputs import as_host_csr, check_real_scalar, check_scalar_range
 from ..launching import record_launches
 from ..matrix import SpMV as LocalSpMV
@@ -61,6 +61,14 @@ def _agree(comm, error):
         text = "; ".join(f"rank {r}: {e}" for r, e in bad)
         raise DistributedInputError(f"distributed SpMV refused ({len(bad)} of {comm.size} "
                                     f"ranks): {text}")
+
+
+def _check_root(root, size):
+    """``root`` a rank of the communicator (the same check on every rank: no rank
+    is left in a collective the others refused)."""
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+            or not 0 <= int(root) < size:
+        raise InvalidInputError(f"root must be a rank, 0..{size - 1}, not {root!r}")
 
 
 def node_position(comm):
@@ -167,6 +175,10 @@ class SpMV:
             shape = tuple(int(s) for s in shape)
             if len(shape) != 2 or min(shape) < 0:
                 raise InvalidInputError(f"shape must be two non-negative integers, not {shape}")
+            if isinstance(A_local, tuple) and len(A_local) != 3:
+                raise InvalidTypeError(
+                    f"A_local as a tuple must be (data, indices, indptr) of this rank's "
+                    f"rows, not {len(A_local)} items")
             csr = as_host_csr(A_local) if not isinstance(A_local, tuple) else \
                 as_host_csr(A_local, (len(A_local[2]) - 1, shape[1]))
             if csr.shape[1] != shape[1]:
@@ -176,7 +188,7 @@ class SpMV:
             cols = None if col_range is None else tuple(int(c) for c in col_range)
             info = (shape, int(row_start), csr.shape[0], cols,
                     None if dtype is None else np.dtype(dtype).name, csr.dtype.name)
-        except (PySpMVError, TypeError, ValueError) as exc:
+        except Exception as exc:   # any: the other ranks must learn of it, not wait
             error = f"{type(exc).__name__}: {exc}"
         gathered = comm.allgather((info, error))
         _agree_gathered(gathered)
@@ -262,7 +274,7 @@ class SpMV:
                                      device=self.device, **params)
                 self.offdiag = CompressedRows.or_plain(offdiag, local, self.device.queue,
                                                        self.dtype)
-        except (PySpMVError, TypeError, ValueError) as exc:
+        except Exception as exc:   # any: the other ranks must learn of it, not wait
             error = f"{type(exc).__name__}: {exc}"
         _agree(self.comm, error)
         self.queue = self.device.queue
@@ -278,6 +290,7 @@ class SpMV:
         self.permutation = None
         self._transposed_view = None
         self._adjoint_view = None
+        self._freed = False
 
     # -- descriptive -------------------------------------------------------------------
     @property
@@ -320,6 +333,8 @@ class SpMV:
         for a ``y``."""
         if which not in ("rows", "cols"):
             raise InvalidInputError(f"which must be 'rows' or 'cols', not {which!r}")
+        self._check_live()
+        _check_root(root, self.size)
         offsets = self.row_offsets if which == "rows" else self.col_offsets
         size = self.shape[0] if which == "rows" else self.shape[1]
         pieces, error = None, None
@@ -346,6 +361,8 @@ class SpMV:
         ranks); ``which="rows"`` for a ``y``, ``"cols"`` for an ``x``."""
         if which not in ("rows", "cols"):
             raise InvalidInputError(f"which must be 'rows' or 'cols', not {which!r}")
+        self._check_live()
+        _check_root(root, self.size)
         if isinstance(v_local, cla.Array):
             v_local = v_local.get()
         v_local = np.asarray(v_local).reshape(-1)
@@ -370,6 +387,7 @@ class SpMV:
     def describe(self):
         """Collective: the partition's balance as a table (rows, non-zeros, ghosts,
         values sent, neighbours, device bytes per rank), the same string on every rank."""
+        self._check_live()
         mine = (self.rank, self.row_range, self.local_nnz, self.comm_plan.n_ghosts,
                 self.comm_plan.n_send, len(self.comm_plan.neighbours), self.nbytes,
                 self.format, self.device.cl_device.name.strip())
@@ -531,6 +549,12 @@ class SpMV:
         if v.context != self.device.context:
             raise InvalidInputError(f"{name}_local lives on another OpenCL context than "
                                     "this rank's operator (use op.queue)")
+        if v.dtype.kind == "c":
+            raise UnsupportedDtypeError(
+                f"{name} is complex ({v.dtype}): the distributed operator is real; "
+                f"multiply {name}.real and {name}.imag separately")
+        if v.dtype.kind not in "fiub":
+            raise UnsupportedDtypeError(f"{name} must hold numbers, not {v.dtype}")
         v = v.reshape(size)
         if v.dtype != self.dtype:
             v = v.astype(self.dtype)
@@ -542,15 +566,21 @@ class SpMV:
                                     f"of {result_size} {self.dtype} values")
         return v, out
 
+    def _check_live(self):
+        if self._freed:
+            raise InvalidInputError("this distributed operator was freed (op.free()): its "
+                                    "communicator is gone; build another to use one")
+
     def _refusable(self, product, requests, flag_out, *args):
         """Run ``product``; if this rank refuses its input before the exchange started,
         still take part in the exchange with a refusal flag set, then raise.  The
         neighbours see the flag and raise too, so no rank waits forever for a message
         (ranks that exchange nothing with this one finish their product)."""
+        self._check_live()
         self._exchange_started = False
         try:
             return product(*args)
-        except (PySpMVError, TypeError, ValueError):
+        except Exception:   # any (a driver's error too): the neighbours must not wait
             if not self._exchange_started and requests:
                 MPI = mpi()
                 flag_out[:] = 1
@@ -635,7 +665,13 @@ class SpMV:
             return self._host_result(self._y_host, result_shape, out, x.dtype)
         # Device vectors: they stay on the device; only the packed values and the
         # ghosts cross to the host.
+        alias = (isinstance(out, cla.Array) and isinstance(x_local, cla.Array)
+                 and x_local.dtype == self.dtype and _shares_buffer(x_local, out))
         x, out = self._device_operand(x_local, out, "x", n, m)
+        if alias and n and m:
+            # out is x (or in its buffer): the values to send are read from x after the
+            # diagonal kernels have begun writing out, so they are read from a copy.
+            x = x.copy(queue=self.queue)
         times = {}
         t0 = time.perf_counter()
         pack = pack_after = None
@@ -878,6 +914,7 @@ class SpMV:
         ImportError on every rank."""
         MPI = mpi()
         comm = MPI.COMM_WORLD if comm is None else comm
+        _check_root(root, comm.size)
         blocks, error, method, perm = None, None, None, None
         if comm.rank == root:
             try:
@@ -924,11 +961,15 @@ class SpMV:
         return op
 
     def free(self):
-        """Release the MPI requests and the duplicated communicator (collective)."""
+        """Release the MPI requests and the duplicated communicator (collective).
+        Products on the operator are refused afterwards; a second call does nothing."""
+        if self._freed:
+            return
         for r in self._requests + (self._rrequests or []):
             r.Free()
         self._requests, self._rrequests = [], []
         self.comm.Free()
+        self._freed = True
 
 
 class TransposedView(LocalTransposedView):
@@ -978,6 +1019,16 @@ class TransposedView(LocalTransposedView):
     def timing_summary(self):
         return self.operator.timing_summary(transposed=True)
 
+    def diagonal(self):
+        """The owned rows' diagonal entries: A's, where A's rows and columns share one
+        distribution (``cg``'s case)."""
+        if self.operator.row_range != self.operator.col_range:
+            raise InvalidInputError(
+                "the diagonal of A^T on this rank's rows (A's columns "
+                f"{self.operator.col_range}) is held by other ranks: rows and columns "
+                "are distributed differently")
+        return self.operator.diagonal()
+
     def aslinearoperator(self):
         raise InvalidInputError("a distributed operator has no scipy LinearOperator "
                                 "(its products take each rank's part of the vectors)")
@@ -986,6 +1037,15 @@ class TransposedView(LocalTransposedView):
         what = "conjugate-transposed" if self.conjugate else "transposed"
         return (f"<{what} view of the distributed SpMV rank {self.rank}/{self.size}, "
                 f"{self.shape[0]}x{self.shape[1]}, rows {self.row_range}>")
+
+
+def _shares_buffer(a, b):
+    """Whether two pyopencl arrays lie in one buffer (or one's sub-buffer)."""
+    def root(arr):
+        buf = arr.base_data
+        parent = buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT)
+        return (parent or buf).int_ptr
+    return root(a) == root(b)
 
 
 def _pinned(queue, n, dtype):

@@ -31,6 +31,27 @@ def _kernels(context, dtype):
     return _KERNELS[key]
 
 
+def _tolerance(name, value):
+    """tol/atol: a finite real number >= 0, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                         np.floating)):
+        raise InvalidInputError(f"{name} must be a number, not {type(value).__name__}")
+    value = float(value)
+    if not np.isfinite(value) or value < 0:
+        raise InvalidInputError(f"{name} must be finite and >= 0, not {value}")
+    return value
+
+
+def _iterations(maxiter):
+    """maxiter: None or an integer >= 1."""
+    if maxiter is None:
+        return None
+    if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) \
+            or maxiter < 1:
+        raise InvalidInputError(f"maxiter must be None or an integer >= 1, not {maxiter!r}")
+    return int(maxiter)
+
+
 def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=None):
     """Conjugate gradients on a symmetric positive definite distributed operator.
 
@@ -44,16 +65,24 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
     (``r.z`` and ``r.r`` together), plus one for ``p.Ap``.  Returns ``(x_local, info)``
     like scipy (``info`` 0 when converged, else the iterations done), ``x_local`` of the
     kind of ``b_local``; ``op.cg_stats`` holds iterations, residual norms and times.
+    ``tol`` and ``atol`` are finite numbers >= 0, ``maxiter`` an integer >= 1, and all
+    ranks must give the same ``tol``, ``atol``, ``maxiter`` and ``M`` (else
+    :class:`DistributedInputError` on every rank: ranks stopping at different
+    iterations would leave the others waiting in a product).  ``callback(x)`` gets
+    the iterate as this rank's pyopencl array (on ``op.queue``), whatever ``b_local``
+    is.
     """
     MPI = mpi()
     comm = op.comm
-    if op.shape[0] != op.shape[1] or op.row_range != op.col_range:
-        raise InvalidInputError("cg needs a square operator whose rows and x share one "
-                                "distribution (row_range == col_range)")
-    if not (M is None or (isinstance(M, str) and M == "jacobi")):
-        what = f"{M!r}" if isinstance(M, str) else f"a {type(M).__name__}"
-        raise InvalidInputError(f"M must be None or 'jacobi' (the preconditioners this cg "
-                                f"builds on the device), not {what}")
+
+    def check_operator():   # in the collective check: a rank may differ (row_range)
+        if op.shape[0] != op.shape[1] or op.row_range != op.col_range:
+            raise InvalidInputError("cg needs a square operator whose rows and x share "
+                                    "one distribution (row_range == col_range)")
+        if not (M is None or (isinstance(M, str) and M == "jacobi")):
+            what = f"{M!r}" if isinstance(M, str) else f"a {type(M).__name__}"
+            raise InvalidInputError(f"M must be None or 'jacobi' (the preconditioners this "
+                                    f"cg builds on the device), not {what}")
     queue, dtype = op.queue, op.dtype
     n = op.local_shape[0]
     on_device = isinstance(b_local, cla.Array)
@@ -72,8 +101,11 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
             raise InvalidInputError(f"{name} has shape {v.shape}; this rank owns {n} entries")
         return cla.to_device(queue, np.ascontiguousarray(v.reshape(n), dtype=dtype))
 
-    error = None
+    error, settings = None, None
     try:
+        check_operator()
+        settings = (_tolerance("tol", tol), _tolerance("atol", atol),
+                    _iterations(maxiter), M)
         b = to_dev(b_local, "b_local")
         x = to_dev(x0, "x0") if x0 is not None else cla.zeros(queue, n, dtype)
         if M == "jacobi":
@@ -82,12 +114,18 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
                 raise InvalidInputError("Jacobi preconditioner: zero on the diagonal "
                                         f"(row {op.row_range[0] + int(np.argmin(d != 0))})")
             dinv = cla.to_device(queue, (1.0 / d).astype(dtype))
-    except (InvalidInputError, ValueError, TypeError) as exc:
+    except Exception as exc:   # any: the other ranks must learn of it, not wait
         error = f"{type(exc).__name__}: {exc}"
-    errors = comm.allgather(error)
+    gathered = comm.allgather((error, settings))
+    errors = [e for e, _ in gathered]
     if any(e is not None for e in errors):
         raise DistributedInputError("cg refused: " + "; ".join(
             f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None))
+    if len({g for _, g in gathered}) > 1:
+        raise DistributedInputError(
+            "cg refused: the ranks give different (tol, atol, maxiter, M): "
+            + ", ".join(f"rank {r}: {g}" for r, (_, g) in enumerate(gathered)))
+    tol, atol = settings[0], settings[1]
 
     k = _kernels(queue.context, dtype)
 
@@ -103,7 +141,7 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
         return total
 
     t0 = time.perf_counter()
-    maxiter = 10 * op.shape[0] if maxiter is None else int(maxiter)
+    maxiter = 10 * op.shape[0] if maxiter is None else settings[2]
     r = cla.empty(queue, n, dtype)
     ap = cla.empty(queue, n, dtype)
     op.matvec(x, out=r)                          # r = b - A x
