@@ -2,8 +2,8 @@
 
 import gzip
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import tempfile

@@ -466,8 +466,16 @@ class CSRVector(CSRFormatBase):
 
     @classmethod
     def estimate_cost(cls, features, profile, dtype):
-        efficiency = (0.6 if features.mean_row_length >= 32 else
-                      0.25 if profile.is_cpu else 0.45)
+        """CSR's bytes over an efficiency.  The adaptive mapping (the GPU default where
+        it suits) is ranked as a format near the bandwidth: on an H100 it was within a
+        few per cent of the best format on ten matrices (BENCHMARKS.md, #18), while the
+        row mapping's 0.45 ranked it below eight others, so the tuner's first pass never
+        timed it (fe_4elt2 x305 float32: 70.3 us, against the chosen sell's 75.9)."""
+        if profile.is_gpu and cls.adaptive_suits(features, profile, adaptive_shape(dtype)):
+            efficiency = 0.85
+        else:
+            efficiency = (0.6 if features.mean_row_length >= 32 else
+                          0.25 if profile.is_cpu else 0.45)
         return csr_bytes(features, dtype) / efficiency, None
 
     @classmethod
@@ -476,8 +484,9 @@ class CSRVector(CSRFormatBase):
         rows of 14.5 entries on average (astro-ph) ran in 55 us with 4 work-items per
         row against 73 us with the default 16, the longer rows then taking a few turns.
 
-        GPUs also get the adaptive mapping, in its default shape and with groups of 256
-        and 4 entries per work-item (rajat01 x32: 31 against 40 us), unless the longest
+        GPUs also get the adaptive mapping, in its default shape, with half its entries
+        per work-item (float32: 4), and with groups of 256 and 4 entries per work-item
+        (rajat01 x32: 31 against 40 us), unless the longest
         row would take one group more than ``ADAPTIVE_MAX_WINDOWS`` windows (a power-law
         graph's hub rows: 1.2-3.7 ms against csr5's 0.13).  The adaptive default then
         comes first: the tuner's first pass times each format's first candidate only,
@@ -494,13 +503,24 @@ class CSRVector(CSRFormatBase):
         vs = cls._rows_defaults(features, profile, dtype)["vector_size"]
         rows = [{"mapping": "rows"}] + [{"mapping": "rows", "vector_size": v}
                                         for v in (vs // 2, vs // 4) if v >= 2]
-        adaptive = [{"mapping": "adaptive", **shape}
-                    for shape in ({}, {"work_group_size": 256, "items_per_thread": 4})
+        items = adaptive_shape(dtype)["items_per_thread"]
+        # Half the default's entries a work-item where that leaves 4 (4-byte values):
+        # on an H100 rajat01 x463 float32 (rows of 6.3 on average, up to 1442) ran in
+        # 79.4 against 95.4 us (cuSPARSE 99.0), while the nine other matrices lost
+        # 0-7%; 2 entries lost 5-10% in float64 (BENCHMARKS.md, #18).
+        half = [{"items_per_thread": items // 2}] if items // 2 >= 4 else []
+
+        def suiting(shapes):
+            return [{"mapping": "adaptive", **shape} for shape in shapes
                     if cls.adaptive_suits(features, profile, {**adaptive_shape(dtype), **shape})]
-        if not adaptive:
+        first = suiting([{}] + half)
+        if not first:
             return rows
-        # Adaptive default, the row default, the other adaptive shape, narrower vectors.
-        return adaptive[:1] + rows[:1] + adaptive[1:] + rows[1:]
+        # Adaptive default, its half window, the row default, the other adaptive shape,
+        # narrower vectors (the tuner's second pass times the first three after the
+        # default).
+        return first + rows[:1] + suiting([{"work_group_size": 256, "items_per_thread": 4}]) \
+            + rows[1:]
 
     @property
     def _adaptive(self):
