@@ -21,7 +21,7 @@ from .errors import PySpMVError
 from .features import MatrixFeatures
 from .formats import FORMATS
 from .inputs import check_value_range, needs_fp64, resolve_dtype
-from .tuning import database, database_dir, select
+from .tuning import database, database_dir, select, tuner
 
 
 def _cmd_devices(args):
@@ -86,6 +86,13 @@ def _cmd_bench(args):
         why = _cannot_write(args.json)
         if why:
             print(f"pyspmv-cl bench: cannot write --json {args.json}: {why}", file=sys.stderr)
+            return 2
+    if "auto" in formats:   # the tuner's settings from the environment, before the runs
+        try:
+            tuner.policy(None)
+            tuner.default_budget(0)
+        except PySpMVError as exc:
+            print(f"pyspmv-cl bench: {exc}", file=sys.stderr)
             return 2
     peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
     specs = args.matrices or list(DEFAULT_SPECS)

@@ -285,6 +285,25 @@ def test_bench_refuses_bad_options_before_running(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, value, match", [
+    ("PYSPMV_CL_TUNE_BUDGET", "abc", "PYSPMV_CL_TUNE_BUDGET must be positive"),
+    ("PYSPMV_CL_TUNE", "sometimes", "PYSPMV_CL_TUNE (the default of tune) must be"),
+])
+def test_bench_refuses_bad_tuner_settings_before_running(name, value, match, capsys,
+                                                         monkeypatch):
+    """A bad tuner setting in the environment: bench ran, exited 0 and said so only in
+    the auto row ("refused: InvalidParameterError"); now it refuses before the runs.
+    Without auto among the formats the setting is not read."""
+    from pyspmv_cl.cli import main
+
+    monkeypatch.setenv(name, value)
+    assert main(["bench", "--quiet", "--formats", "csr-scalar,auto", "poisson2d:10"]) == 2
+    assert match in capsys.readouterr().err
+    if DEVICES:
+        assert main(["bench", "--quiet", "--device", DEVICES[0].id, "--formats",
+                     "csr-scalar", "--peers", "none", "--repeat", "1", "poisson2d:10"]) == 0
+
+
 def test_tune_takes_a_complex_matrix_in_its_own_type(tmp_path, capsys, monkeypatch):
     """A complex matrix is tuned in its complex type (what SpMV(A) computes in); a real
     --dtype, which would drop the imaginary parts, is refused (exit status 1)."""
