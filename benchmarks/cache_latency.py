@@ -78,7 +78,7 @@ def measure(device_id, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per case (median)")
     parser.add_argument("--device", action="append",
                         help="device id (repeatable); default: every device")

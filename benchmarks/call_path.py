@@ -138,7 +138,18 @@ def main(argv=None):
     parser.add_argument("--peers", default="torch-csr,scipy")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
-    peers = available_peers(args.peers.split(","))
+    if args.rounds < 1 or args.calls < 1:
+        parser.error("--rounds and --calls must be at least 1")
+    names = [] if args.peers.strip() == "none" else \
+        [p.strip() for p in args.peers.split(",") if p.strip()]
+    try:
+        found = available_peers(names)
+    except ValueError as exc:
+        parser.error(str(exc))
+    peers = [p for p in found if p.available]
+    for p in found:
+        if not p.available:   # (a missing library: its columns stay out)
+            print(f"peer {p.name} left out: {p.reason}", file=sys.stderr)
     rng = np.random.default_rng(0)
     specs = args.matrices or SHARED + GENERATED
     rows = []
@@ -148,6 +159,7 @@ def main(argv=None):
             row = measure(label, A, np.dtype(dtype), args, peers, rng)
             rows.append(row)
             best = min(row.get("torch_us", np.inf), row.get("scipy_us", np.inf))
+            best = best if best < np.inf else np.nan   # (no peer)
             print(f"{label:24s} {row['dtype']:8s} {row['format']:11s} "
                   f"{row['device'].split('-')[0]:8s}"
                   f"ours {row['ours_us']:8.0f}  wait {row['ours-wait_us']:8.0f}  "

@@ -163,7 +163,7 @@ def on_device_triple(dcsr):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("matrices", nargs="*", default=DEFAULT_MATRICES,
                         help="generator specs or shared matrix names (default: "
                         + ", ".join(DEFAULT_MATRICES) + ")")

@@ -55,7 +55,7 @@ def breakdown(op, x_dev, y_dev, repeats):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("matrices", nargs="+", help="generator specs or .mtx(.gz) files")
     parser.add_argument("--formats", default="csr5,bccoo,coo")
     parser.add_argument("--dtype", default="float32")

@@ -218,7 +218,7 @@ def summary_line(row, ks):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("matrices", nargs="+", help="matrix specs (names under the matrix "
                     "directory, or generator specs such as poisson2d:300)")
     ap.add_argument("--device", default=None)
@@ -234,15 +234,32 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dtypes = args.dtypes.split(",")
+    kinds = ("float32", "float64", "complex64", "complex128")
+    if any(d not in kinds for d in args.dtypes):
+        ap.error(f"--dtypes {','.join(args.dtypes)!r}: each of {', '.join(kinds)}")
     args.formats = [f.replace("+", ",") for f in args.formats.split(",")]
-    args.ks = [int(k) for k in args.ks.split(",") if k]
-    device = psc.get_device(args.device)
+    try:
+        args.ks = [int(k) for k in args.ks.split(",") if k]
+    except ValueError:
+        args.ks = []
+    if not args.ks or min(args.ks) < 1 or args.calls < 1 or args.rounds < 1 \
+            or not args.replicate_to >= 0:
+        ap.error("--ks must list integers >= 1, --calls and --rounds be at least 1 and "
+                 "--replicate-to a count >= 0")
+    try:
+        device = psc.get_device(args.device)
+    except psc.PySpMVError as exc:
+        ap.error(str(exc))
     rng = np.random.default_rng(args.seed)
     print(f"device: {device}, pyopencl {cl.VERSION_TEXT}, numpy {np.__version__}, "
           f"python {platform.python_version()}", flush=True)
     rows = []
     for spec in args.matrices:
-        name, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)), args.replicate_to)
+        try:
+            name, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)),
+                                   args.replicate_to)
+        except ValueError as exc:   # (a bad spec: the generators' help is in exc)
+            ap.error(str(exc).splitlines()[0])
         rows += bench_matrix(name, A, args, device, rng)
         if args.json:   # after each matrix: a run cut short keeps what it measured
             with open(args.json, "w") as f:

@@ -62,7 +62,7 @@ def suite_specs(name):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="cpu")
     parser.add_argument("--device", default=None)
     parser.add_argument("--formats", default="all,auto",
@@ -81,6 +81,8 @@ def main(argv=None):
     fmts = [f for name in args.formats.split(",")
             for f in (formats() if name == "all" else [name])]
     dtypes = ["float32", "float64"] if args.dtype == "both" else args.dtype.split(",")
+    if not dtypes or any(d not in ("float32", "float64") for d in dtypes):
+        parser.error(f"--dtype {args.dtype!r}: float32, float64, a list of them or both")
     peers = None if args.peers == "all" else ([] if args.peers == "none"
                                               else args.peers.split(","))
     out = Path(args.out)
@@ -93,10 +95,15 @@ def main(argv=None):
 
     if args.tune_first:
         from pyspmv_cl.cli import main as cli_main
-        tune_args = ["tune", "--dtype", "both" if args.dtype == "both" else args.dtype]
+        # tune takes one dtype or "both": a list of both is "both"
+        tune_dtype = "both" if len(set(dtypes)) > 1 else dtypes[0]
+        tune_args = ["tune", "--dtype", tune_dtype]
         if args.device:
             tune_args += ["--device", args.device]
-        cli_main(tune_args + suite_specs(args.suite))
+        code = cli_main(tune_args + suite_specs(args.suite))
+        if code:   # the suite would run on the rules, not on measured decisions
+            parser.exit(code, "run_suite.py: --tune-first: pyspmv-cl tune failed (above); "
+                              "nothing benchmarked\n")
     env, results = bench.run(suite_specs(args.suite), device, fmts,
                              [np.dtype(d) for d in dtypes], peers, repeats=args.repeat,
                              min_time=args.min_time, progress=bench.ProgressBar(),

@@ -5,6 +5,7 @@ one row per matrix, one column per implementation (kernel microseconds), the for
     python benchmarks/summarize.py benchmarks/results/cpu-pocl31-2core.json
 """
 
+import argparse
 import json
 import sys
 
@@ -23,8 +24,8 @@ def pivot(results, dtype):
            "|---|---:|" + "---:|" * len(impls) + "---|"]
     for m in matrices:
         t = {r["impl"]: r for r in rows if r["matrix"] == m}
-        best = min(v["seconds"] for k, v in t.items()
-                   if v.get("kind") == "pyspmv_cl" and k != "auto")
+        best = min((v["seconds"] for k, v in t.items()
+                    if v.get("kind") == "pyspmv_cl" and k != "auto"), default=None)
         cells = []
         for i in impls:
             if i not in t:
@@ -38,10 +39,26 @@ def pivot(results, dtype):
     return "\n".join(out)
 
 
-def main(path):
-    data = json.load(open(path))
-    results = data["results"]
-    print("\n\n".join(pivot(results, dt) for dt in ("float32", "float64")))
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="a JSON of run_suite.py or `pyspmv-cl bench --json`")
+    path = parser.parse_args(argv).path
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        results = data["results"]
+        if not isinstance(results, list) or not all(
+                isinstance(r, dict) and {"impl", "dtype", "matrix"} <= set(r) for r in results):
+            raise KeyError("results")
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot read {path}: {exc}")
+    except (KeyError, TypeError):
+        parser.error(f"{path} is not a JSON of run_suite.py or `pyspmv-cl bench --json` "
+                     "(no results with matrix, impl and dtype)")
+    # A table per value type the results hold.
+    tables = [pivot(results, dt) for dt in ("float32", "float64")
+              if any(r["dtype"] == dt and "seconds" in r for r in results)]
+    print("\n\n".join(tables))
     print()
     print("\n".join(summary_lines(results)))
     full = path.rsplit(".", 1)[0] + ".md"
@@ -50,4 +67,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -250,7 +250,7 @@ def table(env_info, rows):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("specs", nargs="+", help="generator specs or .mtx(.gz) paths")
     ap.add_argument("--device", default=None,
                     help="a selection, or 'default': SpMV(A) chooses, as for a user who "
@@ -274,20 +274,38 @@ def main(argv=None):
     chooses = args.device == "default"
     if chooses and args.vectors == "device":
         ap.error("--device default multiplies host vectors: device vectors need a device")
-    device = psc.get_device(None if chooses else args.device)
+    if args.rounds < 1 or not args.replicate_to >= 0:
+        ap.error("--rounds must be at least 1 and --replicate-to a count >= 0")
+    try:
+        device = psc.get_device(None if chooses else args.device)
+    except psc.PySpMVError as exc:
+        ap.error(str(exc))
+    if any(d not in ("float32", "float64") for d in args.dtypes.split(",")):
+        ap.error(f"--dtypes {args.dtypes!r}: float32 and/or float64")
     dtypes = [np.dtype(d) for d in args.dtypes.split(",")]
     configs = []
     for item in args.formats.split(","):
-        if item == "auto":
-            configs.append(("auto", {}))
-        elif item.startswith("auto:budget="):
-            configs.append((item, {"tune_budget": float(item[12:])}))
-        elif item.startswith("auto:"):
-            configs.append((item, {"expected_calls": int(item[5:])}))
-        else:
-            configs.append((item, {"format": item}))
+        try:
+            if item == "auto":
+                configs.append(("auto", {}))
+            elif item.startswith("auto:budget="):
+                configs.append((item, {"tune_budget": float(item[12:])}))
+            elif item.startswith("auto:"):
+                configs.append((item, {"expected_calls": int(item[5:])}))
+            elif item in psc.formats():
+                configs.append((item, {"format": item}))
+            else:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--formats: {item!r} is none of auto, auto:budget=SECONDS, auto:CALLS "
+                     f"or {', '.join(psc.formats())}")
     states = args.states.split(",")
-    detected = available_peers(args.peers.split(",") if args.peers else None)
+    if not set(states) <= set(STATES):
+        ap.error(f"--states: each of {', '.join(STATES)}, not {args.states!r}")
+    try:
+        detected = available_peers(args.peers.split(",") if args.peers else None)
+    except ValueError as exc:
+        ap.error(str(exc))
     peers = [p for p in detected if p.available
              and (p.device != "cuda" or device.profile.is_gpu)]
     if args.vectors == "host":
@@ -303,7 +321,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="pyspmv-tts-") as root:
         env = Environment(root)
         for spec in args.specs:
-            name, A = replicate_to(*from_spec(spec), args.replicate_to, sep="x")
+            try:
+                name, A = replicate_to(*from_spec(spec), args.replicate_to, sep="x")
+            except ValueError as exc:   # (a bad spec: the generators' help is in exc)
+                ap.error(str(exc).splitlines()[0])
             for dtype in dtypes:
                 if dtype == np.float64 and not device.profile.fp64:
                     continue

@@ -86,7 +86,7 @@ def bench(A, dtype, fmt, device, repeats, rng):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("matrices", nargs="+")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtypes", default="float32,float64")

@@ -81,7 +81,7 @@ def bench(A, fmt, dtype, bits, device, x, repeats):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("matrices", nargs="+", help="generator specs or shared matrix names")
     ap.add_argument("--device", default=None, help="pyspmv_cl device selection (P:D, ...)")
     ap.add_argument("--formats", default="sell,csr-vector")

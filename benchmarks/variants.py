@@ -35,7 +35,9 @@ def main(argv=None):
     ap.add_argument("--device", default="nvidia")
     ap.add_argument("--dtypes", default="float32,float64,complex128")
     ap.add_argument("--variants", required=True, help="JSON list of [format, params]")
-    ap.add_argument("--replicate-to", type=float, default=2e7)
+    ap.add_argument("--replicate-to", type=float, default=2e7,
+                    help="replicate each matrix block-diagonally to at least this many "
+                         "non-zeros (default 2e7, as in BENCHMARKS.md; 0: as given)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

@@ -140,6 +140,19 @@ def _cmd_bench(args):
     return code
 
 
+def _resolved(decision):
+    """Every parameter of a decision's format as its measurement resolved them (the
+    decision's ``params`` hold only those to pass on top of the defaults)."""
+    if decision.impl is not None:
+        return {k: v for k, v in decision.impl.params.items()
+                if isinstance(v, (int, float, str, bool, type(None)))}
+    for cand in (decision.entry or {}).get("candidates", ()):
+        if cand.get("format") == decision.format and cand.get("params") == decision.params \
+                and cand.get("resolved"):
+            return dict(cand["resolved"])
+    return dict(decision.params)
+
+
 def _cannot_write(path):
     """Why ``path`` could not be written, or None; creates nothing (an empty file left
     behind by a run refused later was mistaken for its results)."""
@@ -216,7 +229,8 @@ def _cmd_tune(args):
             bar.done = before + 1
         rows.append({"matrix": name, "dtype": dtype.name, "block_size": decision.block_size,
                      "format": decision.format,
-                     "params": decision.params, "source": decision.source,
+                     "params": decision.params, "resolved": _resolved(decision),
+                     "source": decision.source,
                      "kernel_seconds": decision.kernel_seconds,
                      "seconds": time.perf_counter() - start,
                      "explanation": decision.explanation})
@@ -238,7 +252,7 @@ def _cmd_tune(args):
         head = f"{r['matrix']} {r['dtype']}{k}: {r['format']}"
         tail = f"[{r['source']}, kernel {kernel}, {r['seconds']:.2f} s]"
         # The parameters are cut to keep the line in 120 columns; -v shows them all.
-        params = params_text(r["params"], full=True)
+        params = params_text(r["resolved"], full=True)
         if not args.verbose:
             params = clip(params, REPORT_WIDTH - len(head) - len(tail) - 2)
         print(" ".join(t for t in (head, params, tail) if t))

@@ -730,3 +730,26 @@ def test_memmap_out_is_written(fmt, cpu_device, rng, tmp_path):
     masked = np.ma.masked_array(np.zeros(40), mask=np.zeros(40, bool))
     with pytest.raises(psc.InvalidInputError, match="masked array"):
         op.matvec(x, out=masked)
+
+
+@pytest.mark.parametrize("fmt", psc.formats())
+def test_params_build_the_same_operator(fmt, cpu_device, rng):
+    """README: SpMV(A, format=op.format, **op.params) builds the same operator.  hyb
+    reported ell_nnz and coo_nnz in params and refused them back ("takes no
+    parameter(s)"); they are accepted and ignored now.  A matrix with a few long rows,
+    so that hyb has both parts."""
+    lengths = np.where(np.arange(300) % 37 == 0, 40, 3)
+    rows = np.repeat(np.arange(300), lengths)
+    cols = rng.integers(0, 300, rows.size)
+    A = sp.csr_matrix((rng.standard_normal(rows.size), (rows, cols)), shape=(300, 300))
+    try:   # (hyb's rule puts 300 rows in COO alone: K given)
+        op = psc.SpMV(A, format=fmt, device=cpu_device,
+                      **({"ell_width": 3} if fmt == "hyb" else {}))
+    except psc.FormatNotSuitableError:
+        pytest.skip(f"{fmt} refuses this matrix")
+    again = psc.SpMV(A, format=op.format, device=cpu_device, **op.params)
+    assert again.params == op.params
+    if fmt == "hyb":
+        assert op.params["ell_nnz"] > 0 and op.params["coo_nnz"] > 0
+    x = rng.standard_normal(300)
+    assert_close(again @ x, reference(A, x), A, x, np.float64)

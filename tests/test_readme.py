@@ -30,3 +30,21 @@ def test_readme_snippets_run(tmp_path, monkeypatch):
             exec(code, namespace)
     finally:
         database.clear_memory()
+
+
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_readme_snippets_with_imports_run_alone(tmp_path, monkeypatch):
+    """A snippet that imports what it uses is pasted alone by a reader: it must run in
+    a namespace of its own (the renumbering example used psc without importing it,
+    which the run in one namespace above hid)."""
+    monkeypatch.setenv("PYSPMV_CL_DEVICE", DEVICES[0].id)
+    monkeypatch.setenv(database.TUNING_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("PYSPMV_CL_TUNE_BUDGET", "0.5")
+    database.clear_memory()
+    alone = [(i, b) for i, b in enumerate(BLOCKS) if re.search(r"^import numpy", b, re.M)]
+    assert len(alone) >= 2
+    try:
+        for i, block in alone:
+            exec(compile(block, f"README.md python block {i}", "exec"), {})
+    finally:
+        database.clear_memory()

@@ -267,6 +267,14 @@ def test_tune_command(db):
     rows = json.loads(second.stdout)["results"]
     assert [r["source"] for r in rows] == ["database", "database"]
     assert all(r["format"] in psc.formats() for r in rows)
+    # Every parameter as resolved (params: only those passed on top of the defaults),
+    # those of the operator SpMV builds from the decision.
+    for r, spec in zip(rows, ("poisson2d:40", "powerlaw:3000,6")):
+        A = generators.from_spec(spec)[1]
+        op = psc.SpMV(A, format=r["format"], dtype=np.float32, device=DEVICES[0],
+                      **r["params"])
+        assert r["resolved"] and set(r["resolved"]) <= set(op.params)
+        assert all(op.params[k] == v for k, v in r["resolved"].items()), (r, op.params)
     forced = run_cli(*args, "--force", "--quiet", "--expected-calls", "100", env=env)
     assert forced.returncode == 0 and forced.stdout.count("measured") == 2, forced.stderr
     assert second.stderr == ""

@@ -16,7 +16,9 @@ largest value such that at least ``max(breakeven_threshold, rows / relative_spee
 rows have ``K`` or more entries (0 when none).  ``ell_width`` sets ``K`` directly.
 
 ``params`` reports ``ell_width`` (K as used: at most the longest row), ``ell_nnz`` and
-``coo_nnz`` besides the parameters.
+``coo_nnz`` besides the parameters.  Those two are accepted and ignored as input (they
+follow from the split), so that ``SpMV(A, format="hyb", **op.params)`` builds the same
+operator again.
 """
 
 import math
@@ -113,6 +115,16 @@ class HYB(SpMVFormat):
         *(P.Param(q.name, P.optional(q.check), f"{q.doc} (COO part; None: coo's default)")
           for q in (ITEMS_PER_THREAD, LAYOUT, SCAN)),
     )
+
+    #: What the conversion reports in ``params`` besides the parameters.
+    REPORTED = ("ell_nnz", "coo_nnz")
+
+    @classmethod
+    def resolve_params(cls, features, profile, dtype, given):
+        """The declared parameters; ``REPORTED`` keys (from an operator's ``params``)
+        are dropped: the split they count follows from ``ell_width``."""
+        given = {k: v for k, v in given.items() if k not in cls.REPORTED}
+        return super().resolve_params(features, profile, dtype, given)
 
     @classmethod
     def default_params(cls, features, profile, dtype):
