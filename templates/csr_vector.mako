@@ -178,8 +178,15 @@ ${c.streamed_loads(streamed_loads)}
 % endfor
         barrier(CLK_LOCAL_MEM_FENCE);
         const index_t hi = min(row_end, window + WINDOW);
-        for (index_t j = max(row_begin, window) + (index_t)sub; j < hi; j += tpr)
-            sum += products[j - window];
+        index_t r = max(row_begin, window) + (index_t)sub;
+% if row_unroll > 1:
+        for (; r + ${row_unroll - 1} * (index_t)tpr < hi; r += ${row_unroll} * (index_t)tpr) {
+            __local const real_t *p = products + (r - window);
+            sum += ${" + ".join(f"p[{k} * tpr]" if k else "p[0]" for k in range(row_unroll))};
+        }
+% endif
+        for (; r < hi; r += tpr)
+            sum += products[r - window];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 </%def>

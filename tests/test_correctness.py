@@ -694,6 +694,30 @@ def test_csr_vector_block_rows(block_rows, dtype, device, rng):
 
 
 @pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("unroll", [None, 1, 3, 4])
+@with_dtypes
+def test_csr_vector_row_unroll(unroll, dtype, device, rng, monkeypatch):
+    """The adaptive kernel's row sums with 1-4 products a loop turn (None: the rule,
+    2 for 4-byte values) against scipy: rows shorter and longer than a turn, rows
+    crossing windows, one long row, empty rows."""
+    from pyspmv_cl.formats.csr_vector import CSRVector, row_unroll
+
+    assert row_unroll(np.float32) == 2 and row_unroll(np.float64) == 1
+    assert row_unroll(np.complex64) == 1
+    skip_without_fp64(device, dtype)
+    monkeypatch.setattr(CSRVector, "ROW_UNROLL", unroll)
+    for case in ("row_length_sweep", "one_long_row", "empty_rows", "all_equal_rows_64"):
+        A = CASES[case](rng)
+        for tpr_rows in (16, 2):   # one work-item a row; several
+            op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device,
+                          mapping="adaptive", work_group_size=16, items_per_thread=4,
+                          block_rows=tpr_rows)
+            check_host(op, A, rng.standard_normal(A.shape[1]), dtype, rng)
+            check_device(op, A, rng.standard_normal(A.shape[1]), dtype, rng, alpha=-0.5,
+                         beta=2.0)
+
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
 @pytest.mark.parametrize("given, message", [
     (dict(mapping="adaptive", work_group_size=16, block_rows=32), "exceeds work_group_size"),
     (dict(mapping="rows", block_rows=8), "needs mapping='adaptive'"),

@@ -159,6 +159,15 @@ def adaptive_capacity(indptr, work_group_size, items_per_thread, dtype):
     return 2 * window if mean_row * work_group_size >= 2 * window else window
 
 
+def row_unroll(dtype):
+    """Products the adaptive kernel adds per turn of a row's loop over local memory: 2
+    for 4-byte sums, else 1.  On an H100 (seven matrices at 20M non-zeros, BENCHMARKS.md,
+    #18) two a turn ran float32 0.5-12% faster on six (astro-ph 84.9 -> 81.2 us, against
+    cuSPARSE's 81.4; rajat01 95.9 -> 84.2) and 1% slower on wing; float64 moved -2.6% to
+    +1.9%, and four a turn lost up to 8% there."""
+    return 2 if np.dtype(dtype).itemsize <= 4 else 1
+
+
 def default_block_rows(indptr, work_group_size, capacity):
     """``block_rows="auto"``: half the group where that many rows of the mean length
     hold ``capacity`` entries, else the whole group.
@@ -331,6 +340,7 @@ class CSRVector(CSRFormatBase):
         VALUE_BITS,
     )
     _col_bits_fallback = False    # col_bits="auto" resolved to 16 (analyse)
+    ROW_UNROLL = None             # adaptive mapping: row-sum entries a turn (None: rule)
     n_wide = 0                    # col_escape: the entries in col_wide
     # GPUs: a host matrix goes up as CSR and its 16-bit columns are made there (numpy's
     # per-block reductions took 0.14 s at 20M non-zeros, twice the upload).
@@ -557,6 +567,7 @@ class CSRVector(CSRFormatBase):
                 "items_per_thread": self.params["items_per_thread"],
                 "pos_t": "int" if self.pos_dtype == np.int32 else "long",
                 "col_bits": self.params["col_bits"],
+                "row_unroll": self.ROW_UNROLL or row_unroll(self.dtype),
                 "device_conversion": self.converting_on_device,
                 "streamed_loads": self._streamed_loads()}
 
