@@ -194,7 +194,9 @@ def get_program(context, device, source, options=()):
             stats["memory_hits"] += 1
             return program
 
-    binaries = os.environ.get(BINARIES_ENV, "").strip() != "0"
+    # (off as PYSPMV_CL_NO_CACHE is on: 0, false, no, off; "false" stored them before)
+    binaries = os.environ.get(BINARIES_ENV, "").strip().lower() not in ("0", "false", "no",
+                                                                         "off")
     root = cache_dir() if binaries else None
     path = _entry_path(root, key) if root is not None else None
     program = None

@@ -88,6 +88,12 @@ def as_device_csr(triple, shape, queue) -> DeviceCSR:
             raise InvalidInputError(f"{name} must be contiguous on the device")
     if data.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"matrix dtype {data.dtype} is not numeric")
+    if data.dtype.kind == "b" or data.dtype == np.float16:
+        # (pyopencl has no device type for them: its cast to op's dtype cannot run)
+        raise UnsupportedDtypeError(
+            f"device matrix values of dtype {data.dtype} cannot be cast on the device: "
+            "give float32, float64, complex or integer values (or the matrix on the "
+            "host, which is cast there)")
     host_indptr = indptr.get(queue).astype(np.int64)
     nnz = indices.size
     if host_indptr[0] != 0 or host_indptr[-1] != nnz:

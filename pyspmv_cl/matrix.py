@@ -1,6 +1,7 @@
 """The user-facing SpMV operator: y = alpha * A @ x + beta * y on one OpenCL device."""
 
 import functools
+import math
 import threading
 
 import numpy as np
@@ -672,6 +673,8 @@ class SpMV:
             if not seconds >= 0:   # a number out of range (NaN too): a ValueError
                 raise InvalidParameterError(f"timeout must be None or seconds >= 0, not "
                                             f"{timeout!r}")
+            if seconds == math.inf:   # no limit (Thread.join(inf) overflows)
+                timeout = None
         tuning = self.tuning.online if self.tuning is not None else None
         if tuning is None:
             return "none"

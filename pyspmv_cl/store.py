@@ -172,7 +172,9 @@ class JsonStore:
             write_json(path, entry)
         except OSError as exc:
             self._count("errors")
-            warn_once((self.label, "dir", str(root)),
+            # (a tag of its own: an unreadable directory's warning said nothing of
+            # decisions that are not stored either)
+            warn_once((self.label, "write", str(root)),
                       f"pyspmv_cl: cannot write the {self.label} in {root} ({exc}); "
                       f"{self.memory_note}", stacklevel=4)
             return None

@@ -109,13 +109,14 @@ def test_cold_build_writes_one_file(device, cache_root):
     check_program(device, program)
 
 
-@pytest.mark.parametrize("setting", ["0", " 0 ", "1", ""])
+@pytest.mark.parametrize("setting", ["0", " 0 ", "1", "", "false", "No", "off", "yes"])
 def test_binaries_can_be_left_off_disk(device, cache_root, monkeypatch, setting):
-    """PYSPMV_CL_CACHE_BINARIES=0 (the tests' default) builds without asking the driver
-    for a binary (PoCL compiles every kernel again for it) and writes nothing; any other
+    """PYSPMV_CL_CACHE_BINARIES=0 (the tests' default; false, no and off too, as for
+    PYSPMV_CL_NO_CACHE: "false" wrote binaries) builds without asking the driver for a
+    binary (PoCL compiles every kernel again for it) and writes nothing; any other
     value keeps the disk layer."""
     monkeypatch.setenv(cache.BINARIES_ENV, setting)
-    off = setting.strip() == "0"
+    off = setting.strip().lower() in ("0", "false", "no", "off")
     asked = []
     real_get_info = cl.Program.get_info
     monkeypatch.setattr(cl.Program, "get_info", lambda self, what: (

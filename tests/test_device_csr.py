@@ -123,6 +123,11 @@ def decreasing(indptr):
     (lambda t: (t[0], t[1] - 1000, t[2]), psc.InvalidInputError, "column indices"),
     (lambda t: (t[0], t[1], decreasing(t[2])), psc.InvalidInputError, "non-decreasing"),
     (lambda t: (t[0], t[1].astype(np.float32), t[2]), psc.UnsupportedDtypeError, "integers"),
+    # (pyopencl cannot cast these on the device: its raw ValueError before)
+    (lambda t: (cla.to_device(t[0].queue, t[0].get().astype(np.float16)), t[1], t[2]),
+     psc.UnsupportedDtypeError, "float16 cannot be cast on the device"),
+    (lambda t: (cla.to_device(t[0].queue, t[0].get() != 0), t[1], t[2]),
+     psc.UnsupportedDtypeError, "bool cannot be cast on the device"),
 ])
 def test_bad_device_matrices_are_refused(change, error, match, device):
     A = sp.random(60, 50, density=0.1, format="csr", random_state=4)

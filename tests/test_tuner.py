@@ -199,6 +199,13 @@ def test_policy_from_environment(monkeypatch):
     monkeypatch.setenv("PYSPMV_CL_TUNE", "bogus")   # the refusal names the variable
     with pytest.raises(psc.InvalidParameterError, match="PYSPMV_CL_TUNE .* 'bogus'"):
         psc.SpMV(A, format="auto", dtype=np.float32, device=DEVICES[0])
+    # The words of the message's True/False (PYSPMV_CL_TUNE=false was refused)
+    monkeypatch.setenv("PYSPMV_CL_TUNE", "False")
+    assert psc.SpMV(A, format="auto", dtype=np.float32,
+                    device=DEVICES[0]).tuning.source == "model"
+    assert tuner.policy(None) == "model"
+    monkeypatch.setenv("PYSPMV_CL_TUNE", "true")
+    assert tuner.policy(None) == "measure"
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -575,7 +582,8 @@ def test_inf_and_nan_in_the_matrix_are_not_wrong_results(rng, dtype):
 
 @pytest.mark.parametrize("budget, ok", [(np.float32(0.2), True), (np.int64(1), True),
                                         (True, False), (0, False), (-1.0, False),
-                                        (float("nan"), False), ("1", False)])
+                                        (float("nan"), False), ("1", False),
+                                        (float("inf"), False)])
 def test_tune_budget_types(budget, ok):
     """numpy numbers are budgets; a bool, a string, zero, negative or NaN are refused
     (np.int64(2) was refused as not positive, True taken as one second)."""
@@ -599,6 +607,11 @@ def test_finish_tuning_timeout_is_checked_first():
         with pytest.raises(psc.InvalidParameterError, match="timeout must be None or second"):
             op.finish_tuning(timeout=bad)
     assert op.finish_tuning(timeout=0.5) == "none"
+    # inf: no limit (Thread.join(inf) raised OverflowError, and later waits returned
+    # at once)
+    online = psc.SpMV(generators.poisson2d(60), device=DEVICES[0], tune="online")
+    assert online.finish_tuning(timeout=float("inf")) in ("done", "failed")
+    assert online.tuning.online.state in ("done", "failed")
 
 
 def test_csr_vector_is_in_the_first_pass_on_gpus():

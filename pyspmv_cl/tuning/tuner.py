@@ -34,6 +34,7 @@ budget in seconds per million non-zeros.
 
 import contextlib
 import dataclasses
+import math
 import os
 import statistics
 import time
@@ -42,6 +43,7 @@ import numpy as np
 import pyopencl as cl
 
 from .. import store
+from ..codegen import full_bits
 from ..device import runs_in_calling_thread
 from ..device_inputs import DeviceCSR
 from ..errors import FormatNotSuitableError, InvalidParameterError, PySpMVError
@@ -122,6 +124,7 @@ def policy(tune):
     source = "tune"
     if tune is None:
         tune = os.environ.get(TUNE_ENV, "auto").strip().lower() or "auto"
+        tune = {"true": True, "false": False}.get(tune, tune)   # as the message lists them
         source = f"{TUNE_ENV} (the default of tune)"
     try:
         return _POLICIES[tune]
@@ -135,11 +138,12 @@ def default_budget(nnz):
     if os.environ.get(BUDGET_ENV):
         try:
             per_m = float(os.environ[BUDGET_ENV])
-            if not per_m > 0:
+            if not 0 < per_m < math.inf:
                 raise ValueError
         except ValueError:
-            raise InvalidParameterError(f"{BUDGET_ENV} must be positive seconds per million "
-                                        f"non-zeros, not {os.environ[BUDGET_ENV]!r}") from None
+            raise InvalidParameterError(f"{BUDGET_ENV} must be positive, finite seconds per "
+                                        f"million non-zeros, not "
+                                        f"{os.environ[BUDGET_ENV]!r}") from None
     return max(MIN_BUDGET, per_m * nnz / 1e6)
 
 
@@ -685,9 +689,12 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
     if budget is not None:   # numpy numbers too; not a bool (True is no number of seconds)
         try:
             budget = P.number(greater_than=0)(budget)
+            if not math.isfinite(budget):   # (the online trigger counts products by it)
+                raise P.Invalid("finite")
         except P.Invalid:
             raise InvalidParameterError(
-                f"tune_budget must be a positive number of seconds, not {budget!r}") from None
+                f"tune_budget must be a positive, finite number of seconds, not "
+                f"{budget!r}") from None
     profile = device.profile
 
     def rules(why, seconds=0.0):
@@ -746,7 +753,7 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                                                 {**chosen["params"],
                                                  **chosen.get("resolved", {})}, dtype):
                 return _database_handover(csr, features, device, dtype, user_params,
-                                          stored, chosen, block_size)
+                                          stored, chosen, block_size, key)
             stored.impl = _build_stored(chosen, csr, features, device, dtype, user_params,
                                         (key, entry.get("created")))
             if stored.impl is not None:
@@ -801,6 +808,12 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
     try:
         FORMATS[chosen["format"]].resolve_params(
             features, profile, dtype, {**(user_params or {}), **chosen["params"]})
+        bits = chosen["params"].get("value_bits")
+        if bits is not None and bits != full_bits(dtype):
+            # format="auto" never chooses reduced precision (README): an entry that
+            # does was not written by a measurement
+            raise ValueError(f"value_bits={bits!r}, reduced precision, which the tuner "
+                             "never chooses")
     except (TypeError, ValueError) as exc:
         store.warn_once(("tuning-invalid", tag),
                         f"pyspmv_cl: ignoring a tuning database entry with invalid "
@@ -833,7 +846,7 @@ def _after(trigger):
 
 
 def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
-                       block_size=1):
+                       block_size=1, key=None):
     """A stored winner that converts on the host (on CPUs ell, csr5, bccoo, ...; on GPUs
     bccoo's block shapes other than 1 x 1, or rows out of order): start on the
     online start format at once and convert the winner in the background (online.py's
@@ -851,11 +864,24 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
 
     def convert_winner(snapshot, should_stop, offer, exclusive):
         cls = FORMATS[stored.format]
-        resolved = cls.resolve_params(features, profile, dtype,
-                                      {**(user_params or {}), **stored.params})
         queue = cl.CommandQueue(device.context, device.cl_device)   # as run_measurement's
-        stored.impl = instantiate(cls, snapshot, device.on_queue(queue), dtype, resolved,
-                                  features=features)
+        try:
+            resolved = cls.resolve_params(features, profile, dtype,
+                                          {**(user_params or {}), **stored.params})
+            stored.impl = instantiate(cls, snapshot, device.on_queue(queue), dtype,
+                                      resolved, features=features)
+        except PySpMVError as exc:
+            # As _build_stored: an entry that does not suit this matrix is not left to
+            # fail in every process; this one keeps its start format.
+            store.warn_once(("tuning-unbuildable", key, stored.entry.get("created")),
+                            f"pyspmv_cl: the tuning database's choice, {stored.format}, "
+                            f"cannot be built for this matrix "
+                            f"({str(exc).splitlines()[0]}); removed from the database "
+                            f"(the next SpMV of this matrix tunes anew), staying on "
+                            f"{start_format}")
+            if key is not None:
+                database.discard(key)
+            raise
         queue.finish()
         return stored
 
