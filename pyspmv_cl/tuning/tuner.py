@@ -141,8 +141,8 @@ def default_budget(nnz):
             if not 0 < per_m < math.inf:
                 raise ValueError
         except ValueError:
-            raise InvalidParameterError(f"{BUDGET_ENV} must be positive, finite seconds per "
-                                        f"million non-zeros, not "
+            raise InvalidParameterError(f"{BUDGET_ENV} must be positive seconds per million "
+                                        f"non-zeros (a finite number), not "
                                         f"{os.environ[BUDGET_ENV]!r}") from None
     return max(MIN_BUDGET, per_m * nnz / 1e6)
 
