@@ -514,12 +514,7 @@ class SpMV:
         """Check a numpy operand (``size`` owned entries, ``where`` says which) and its
         ``out``; returns the operand as an array and the result's shape."""
         v = np.asarray(v)
-        if v.dtype.kind == "c":
-            raise UnsupportedDtypeError(
-                f"{name} is complex ({v.dtype}): the distributed operator is real; "
-                f"multiply {name}.real and {name}.imag separately")
-        if v.dtype.kind not in "fiub":
-            raise UnsupportedDtypeError(f"{name} must hold numbers, not {v.dtype}")
+        _check_real_operand(v.dtype, name)
         if v.shape not in ((size,), (size, 1)):
             raise InvalidInputError(f"{name}_local has shape {v.shape}; rank {self.rank} "
                                     f"owns {size} entries of {name} ({where})")
@@ -549,12 +544,7 @@ class SpMV:
         if v.context != self.device.context:
             raise InvalidInputError(f"{name}_local lives on another OpenCL context than "
                                     "this rank's operator (use op.queue)")
-        if v.dtype.kind == "c":
-            raise UnsupportedDtypeError(
-                f"{name} is complex ({v.dtype}): the distributed operator is real; "
-                f"multiply {name}.real and {name}.imag separately")
-        if v.dtype.kind not in "fiub":
-            raise UnsupportedDtypeError(f"{name} must hold numbers, not {v.dtype}")
+        _check_real_operand(v.dtype, name)
         v = v.reshape(size)
         if v.dtype != self.dtype:
             v = v.astype(self.dtype)
@@ -1037,6 +1027,16 @@ class TransposedView(LocalTransposedView):
         what = "conjugate-transposed" if self.conjugate else "transposed"
         return (f"<{what} view of the distributed SpMV rank {self.rank}/{self.size}, "
                 f"{self.shape[0]}x{self.shape[1]}, rows {self.row_range}>")
+
+
+def _check_real_operand(dtype, name):
+    """A host or device operand's dtype: real numbers (the operator is real)."""
+    if dtype.kind == "c":
+        raise UnsupportedDtypeError(
+            f"{name} is complex ({dtype}): the distributed operator is real; "
+            f"multiply {name}.real and {name}.imag separately")
+    if dtype.kind not in "fiub":
+        raise UnsupportedDtypeError(f"{name} must hold numbers, not {dtype}")
 
 
 def _shares_buffer(a, b):
