@@ -45,6 +45,7 @@ from .errors import (
     InvalidInputError,
     InvalidParameterError,
     InvalidTypeError,
+    UnsupportedLayoutError,
 )
 from .formats.values import _layout
 
@@ -185,18 +186,26 @@ def check_operands(op, x, out, beta, name):
 
 
 def rmatmul(op, x):
-    """``x @ op`` for a vector (``op^T x``) or a block of rows (``(op^T x^T)^T``)."""
+    """``x @ op`` for a vector (``op^T x``) or a block of rows (``(op^T x^T)^T``).
+    Shapes are checked here, in the caller's terms (the transposed product would name
+    x.T and a transposed operator)."""
     if not isinstance(x, cla.Array):
         x = np.asarray(x)
+    m, n = op.shape
+    if x.ndim not in (1, 2) or x.shape[-1] != m:
+        raise InvalidInputError(f"x @ op: x has shape {tuple(x.shape)}; this {m}x{n} "
+                                f"operator needs ({m},) or (k, {m})")
     if x.ndim == 1:
         return op.T.matvec(x)
-    if x.ndim == 2:
-        if isinstance(x, cla.Array):   # device blocks are row-major: x.T made so, on the
-            queue = x.queue if x.queue is not None else op.queue   # host (a copy)
-            x = cla.to_device(queue, np.ascontiguousarray(x.get(queue=queue).T))
-            return op.T.matmat(x).T
-        return op.T.matmat(x.T).T
-    raise InvalidInputError(f"x @ op needs a 1-D or 2-D x, not shape {x.shape}")
+    if isinstance(x, cla.Array):   # device blocks are row-major: x.T made so, on the
+        if not (x.flags.c_contiguous or x.flags.f_contiguous):   # host (a copy)
+            raise UnsupportedLayoutError(
+                f"x @ op: the device block x of shape {tuple(x.shape)} is a strided view; "
+                "give a contiguous array (x.copy())")
+        queue = x.queue if x.queue is not None else op.queue
+        x = cla.to_device(queue, np.ascontiguousarray(x.get(queue=queue).T))
+        return op.T.matmat(x).T
+    return op.T.matmat(x.T).T
 
 
 def check_block(X, name):
@@ -223,6 +232,13 @@ def _conjugated_product(product, x, out, alpha, beta):
     """``alpha * conj(B) @ x + beta * out`` from ``product`` (B's, with the same
     arguments): ``conj(conj(alpha) * B @ conj(x) + conj(beta) * conj(out))``."""
     x = x if isinstance(x, cla.Array) else np.asarray(x)
+    # The checks the product would make on x and out, before they are conjugated here
+    # (pyopencl's conj of a strided view, numpy's of a read-only out, raised their own)
+    for name, a in (("x", x), ("out", out)):
+        if isinstance(a, cla.Array) and a.size and not a.flags.forc:
+            raise InvalidInputError(f"{name} must be contiguous on the device")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise InvalidInputError("out must be a writeable numpy array (this one is read-only)")
     if x.dtype.kind == "c":
         x = _conj(x)
     alpha, beta = np.conj(complex(alpha)), np.conj(complex(beta))

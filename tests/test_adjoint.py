@@ -3,6 +3,8 @@ every format against scipy in float64, the transposed copy's memory and format, 
 values after ``update_values``, scipy's solvers on ``aslinearoperator()``, and the
 result types of numpy's promotion (README "Result types")."""
 
+import re
+
 import numpy as np
 import pyopencl.array as cla
 import pytest
@@ -416,3 +418,38 @@ def test_the_transposed_copy_refuses_its_own_update(device, rng):
     u, x = rng.standard_normal(40), rng.standard_normal(30)
     assert_close(op.T @ u, reference(BT, u), BT, u, np.float32)
     assert_close(op @ x, reference(B, x), B, x, np.float32)
+
+
+def test_refusals_of_transposed_products_in_the_callers_terms(device, rng):
+    """x @ op checked x's shape through op.T and named x.T, a transposed operator and
+    rmatvec; a strided device block failed in get() with an AssertionError; complex
+    op.T with a strided device x or out, or a read-only host out, raised pyopencl's
+    NotImplementedError or numpy's ValueError (their conjugation ran before the
+    checks).  Each is the library's error now, and a refused out is left as given."""
+    skip_without_fp64(device, np.complex128)
+    A = (rectangular(rng, 7, 5, density=0.4) * (1 + 0.5j)).tocsr()
+    op = psc.SpMV(A, format="csr-scalar", device=device)
+    for bad in (np.ones((2, 5)), np.ones(5)):
+        with pytest.raises(psc.InvalidInputError, match=re.escape(
+                f"x @ op: x has shape {bad.shape}; this 7x5 operator needs (7,) or (k, 7)")):
+            bad @ op if bad.ndim == 2 else op.__rmatmul__(bad)
+    q = op.queue
+    block = cla.to_device(q, rng.standard_normal((2, 14)))[:, ::2]   # strided (2, 7)
+    with pytest.raises(psc.UnsupportedLayoutError, match="strided view"):
+        op.__rmatmul__(block)
+    strided = cla.to_device(q, (rng.standard_normal(14) + 1j).astype(np.complex128))[::2]
+    for call in (lambda: op.T @ strided, lambda: op.__rmatmul__(strided),
+                 lambda: op.T.matvec(cla.to_device(q, np.ones(7, np.complex128)),
+                                     out=cla.to_device(q, np.ones(10, np.complex128))[::2],
+                                     beta=1.0)):
+        with pytest.raises(psc.InvalidInputError, match="must be contiguous on the device"):
+            call()
+    out = np.full(5, 1 + 2j)
+    out.setflags(write=False)
+    with pytest.raises(psc.InvalidInputError, match="read-only"):
+        op.T.matvec(np.ones(7, np.complex128), out=out, beta=1.0)
+    assert np.all(out == 1 + 2j)
+    x = rng.standard_normal(7) + 1j * rng.standard_normal(7)
+    X = rng.standard_normal((3, 7))
+    np.testing.assert_allclose(x @ op, A.T @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(X @ op, (A.T @ X.T).T, rtol=1e-12, atol=1e-12)

@@ -112,6 +112,12 @@ def test_a_complex_alpha_gives_a_complex_result(device, rng):
     y = op.matvec(x, alpha=np.complex64(2))
     assert y.dtype.kind == "c"
     assert_close(y.real, reference(A, x, 2.0), A, x, op.dtype)
+    # README: alpha and beta decide only whether the result is complex, counted as
+    # Python scalars even when numpy's (numpy 2 would widen these two)
+    op32 = psc.SpMV(A, device=device, dtype=np.float32)
+    x32 = x.astype(np.float32)
+    assert op32.matvec(x32, alpha=np.float64(2)).dtype == np.float32
+    assert op32.matvec(x32, alpha=np.complex128(2j)).dtype == np.complex64
 
 
 def test_a_device_block_on_the_left(device, rng):
