@@ -204,7 +204,9 @@ def rmatmul(op, x):
                 "give a contiguous array (x.copy())")
         queue = x.queue if x.queue is not None else op.queue
         x = cla.to_device(queue, np.ascontiguousarray(x.get(queue=queue).T))
-        return op.T.matmat(x).T
+        # the result row-major too (as block products take it), through the host alike
+        y = op.T.matmat(x).get(queue=queue)
+        return cla.to_device(queue, np.ascontiguousarray(y.T))
     return op.T.matmat(x.T).T
 
 

@@ -127,6 +127,7 @@ def test_a_device_block_on_the_left(device, rng):
     X = rng.standard_normal((3, 70)).astype(np.float32)
     Y = cla.to_device(op.queue, X) @ op
     assert isinstance(Y, cla.Array) and Y.shape == (3, 50)
+    assert Y.flags.c_contiguous   # row-major, as block products take it (F-order before)
     ref = (A.T.astype(np.float64) @ X.T.astype(np.float64)).T
     assert_close(Y.get().T, ref.T, A.T, X.T, np.float32)
 
