@@ -39,7 +39,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from . import host_arrays
-from .device_inputs import DeviceCSR
+from .device_inputs import DeviceCSR, check_contiguous
 from .errors import (
     FormatNotSuitableError,
     InvalidInputError,
@@ -48,6 +48,7 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .formats.values import _layout
+from .inputs import check_host_out
 
 
 def transpose_structure(indices, indptr, n_cols):
@@ -237,10 +238,10 @@ def _conjugated_product(product, x, out, alpha, beta):
     # The checks the product would make on x and out, before they are conjugated here
     # (pyopencl's conj of a strided view, numpy's of a read-only out, raised their own)
     for name, a in (("x", x), ("out", out)):
-        if isinstance(a, cla.Array) and a.size and not a.flags.forc:
-            raise InvalidInputError(f"{name} must be contiguous on the device")
-    if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise InvalidInputError("out must be a writeable numpy array (this one is read-only)")
+        if isinstance(a, cla.Array):
+            check_contiguous(a, name)
+    if isinstance(out, np.ndarray):
+        check_host_out(out)
     if x.dtype.kind == "c":
         x = _conj(x)
     alpha, beta = np.conj(complex(alpha)), np.conj(complex(beta))

@@ -75,6 +75,12 @@ class DeviceCSR:
         return csr
 
 
+def check_contiguous(arr, name):
+    """A device array the kernels read whole: contiguous (C or F order), or empty."""
+    if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        raise InvalidInputError(f"{name} must be contiguous on the device")
+
+
 def as_device_csr(triple, shape, queue) -> DeviceCSR:
     """Validate ``(data, indices, indptr)`` pyopencl arrays as a CSR matrix of
     ``shape`` on ``queue``'s context; refuse anything a kernel could index out of."""
@@ -84,8 +90,7 @@ def as_device_csr(triple, shape, queue) -> DeviceCSR:
         if arr.context != queue.context:
             raise InvalidInputError(f"{name} lives on another OpenCL context than the "
                                     "operator's device; pass device= its queue")
-        if arr.size and not arr.flags.c_contiguous:
-            raise InvalidInputError(f"{name} must be contiguous on the device")
+        check_contiguous(arr, name)
     if data.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"matrix dtype {data.dtype} is not numeric")
     if data.dtype.kind == "b" or data.dtype == np.float16:

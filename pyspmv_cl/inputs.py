@@ -235,3 +235,18 @@ def check_real_scalar(name, value):
         return float(np.real(value))
     except (TypeError, ValueError):
         raise InvalidTypeError(f"{name} must be a real number, not {value!r}") from None
+
+
+def check_host_out(out, exact=False):
+    """A host ``out``: a numpy array (else an InvalidTypeError: a list, a tuple, a sparse
+    matrix...) that can be written (else an InvalidInputError); ``exact``: np.matrix is a
+    type error too, and a masked array is refused (its mask would be ignored).  Other
+    subclasses (``np.memmap``) are written like any array, as numpy's ``out=`` does."""
+    if not isinstance(out, np.ndarray) or (exact and type(out) is np.matrix):
+        raise InvalidTypeError(f"out must be a writeable numpy array (or a pyopencl one), "
+                               f"not {type(out).__name__}")
+    if exact and isinstance(out, np.ma.MaskedArray):
+        raise InvalidInputError("out is a masked array, whose mask the product would ignore: "
+                                "pass out.data or a plain numpy array")
+    if not out.flags.writeable:
+        raise InvalidInputError("out must be a writeable numpy array (this one is read-only)")

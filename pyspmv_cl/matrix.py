@@ -20,7 +20,13 @@ from .adjoint import (
 )
 from .block_copy import BlockCopy, copy_seconds, saved_seconds, wants_copy
 from .device import get_device, runs_in_calling_thread
-from .device_inputs import DeviceCSR, as_device_csr, check_device_value_range, is_device_triple
+from .device_inputs import (
+    DeviceCSR,
+    as_device_csr,
+    check_contiguous,
+    check_device_value_range,
+    is_device_triple,
+)
 from .errors import (
     DeviceCapabilityError,
     InvalidInputError,
@@ -41,6 +47,7 @@ from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, spin_seconds, usable_in_place, wait_and_read
 from .inputs import (
     as_host_csr,
+    check_host_out,
     check_scalar,
     check_scalar_range,
     check_value_range,
@@ -64,21 +71,6 @@ def _refuse_an_operator(name, x):
             "of two operators are not formed; compose them as scipy operators, e.g. "
             "op.aslinearoperator() @ other.aslinearoperator(), or multiply a vector by "
             "each in turn")
-
-
-def _check_host_out(out, exact=False):
-    """A host ``out``: a numpy array (else an InvalidTypeError: a list, a tuple, a sparse
-    matrix...) that can be written (else an InvalidInputError); ``exact``: np.matrix is a
-    type error too, and a masked array is refused (its mask would be ignored).  Other
-    subclasses (``np.memmap``) are written like any array, as numpy's ``out=`` does."""
-    if not isinstance(out, np.ndarray) or (exact and type(out) is np.matrix):
-        raise InvalidTypeError(f"out must be a writeable numpy array (or a pyopencl one), "
-                               f"not {type(out).__name__}")
-    if exact and isinstance(out, np.ma.MaskedArray):
-        raise InvalidInputError("out is a masked array, whose mask the product would ignore: "
-                                "pass out.data or a plain numpy array")
-    if not out.flags.writeable:
-        raise InvalidInputError("out must be a writeable numpy array (this one is read-only)")
 
 
 def _is_device_array(obj):
@@ -517,7 +509,7 @@ class SpMV:
         if out is not None:
             if _is_device_array(out):
                 raise UnsupportedDtypeError(self._real_device_message())
-            _check_host_out(out)
+            check_host_out(out)
             self._check_out(out, expected)
             if out.dtype.kind != "c":   # numpy's out= refuses complex -> real too
                 raise UnsupportedDtypeError(
@@ -819,7 +811,7 @@ class SpMV:
             if _is_device_array(out):
                 return self._matvec_device(cla.to_device(self.queue, np.ascontiguousarray(
                     x, dtype=self.dtype)), out, alpha, beta)
-            _check_host_out(out, exact=True)
+            check_host_out(out, exact=True)
             if out.dtype.kind not in ("fc" if self.is_complex else "f"):
                 raise UnsupportedDtypeError(f"out must hold floats, not {out.dtype}")
             if self.is_complex and out.dtype.kind != "c":
@@ -896,8 +888,7 @@ class SpMV:
         if arr.context != self.device.context:
             raise InvalidInputError(f"{name} lives on another OpenCL context than this operator "
                              f"({self.device!r}); create it with op.queue or op.device.context")
-        if arr.size and not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-            raise InvalidInputError(f"{name} must be contiguous on the device")
+        check_contiguous(arr, name)
         if arr.size == 0 or arr.base_data is None:
             return self._staging_buffer("dummy", 1)
         if arr.offset:

@@ -43,9 +43,10 @@ def tune(A, **kw):
                     tune_budget=BUDGET, **kw)
 
 
-def retune_after_edit(path, A, edit, **kw):
+def retune_after_edit(path, A, edit, then=None, **kw):
     """Edit the stored entry at ``path`` (``edit(entry)`` in place), forget the memory
-    layer, tune ``A`` again (``tune(A, **kw)``); (the operator, the warnings caught)."""
+    layer, tune ``A`` again (``tune(A, **kw)``, then ``then(op)`` while warnings are
+    still caught: a background conversion's); (the operator, the warnings caught)."""
     entry = json.loads(path.read_text())
     edit(entry)
     path.write_text(json.dumps(entry))
@@ -53,7 +54,15 @@ def retune_after_edit(path, A, edit, **kw):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         op = tune(A, **kw)
+        if then is not None:
+            then(op)
     return op, caught
+
+
+def to_dia(entry):
+    """An edit: every candidate made dia (past its diagonal limit on most matrices)."""
+    for c in entry["candidates"]:
+        c["format"], c["params"] = "dia", {}
 
 
 def check(op, A, rng):
@@ -169,11 +178,7 @@ def test_a_stored_winner_that_cannot_be_built_is_tuned_anew(db, rng, kw):
         psc.SpMV(A, format="dia", dtype=np.float32, device=DEVICES[0])
     tune(A)
     (path,) = entries(db)
-
-    def damage(entry):
-        for c in entry["candidates"]:
-            c["format"], c["params"] = "dia", {}
-    op, caught = retune_after_edit(path, A, damage, **kw)
+    op, caught = retune_after_edit(path, A, to_dia, **kw)
     # (expected_calls=50 would not repay a measurement: the rules decide)
     assert op.tuning.source in ("measured", "model") and op.format != "dia"
     assert [str(w.message) for w in caught if "cannot be built" in str(w.message)], \
@@ -365,19 +370,11 @@ def test_a_stored_winner_converted_in_the_background_that_cannot_be_built(db, rn
                   dtype=np.float32)
     tune(A)
     (path,) = entries(db)
-
-    def damage(entry):
-        for c in entry["candidates"]:
-            c["format"], c["params"] = "dia", {}
-    entry = json.loads(path.read_text())
-    damage(entry)
-    path.write_text(json.dumps(entry))
-    database.clear_memory()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        op = psc.SpMV(A, dtype=np.float32, device=DEVICES[0])
-        assert op.tuning.source == "database" and op.format != "dia"
-        assert op.finish_tuning(60) == "failed"
+    states = []
+    op, caught = retune_after_edit(path, A, to_dia, tune=None,
+                                   then=lambda op: states.append(op.finish_tuning(60)))
+    assert op.tuning.source == "database" and op.format != "dia"
+    assert states == ["failed"]
     removed = [w for w in caught if "removed from the database" in str(w.message)]
     assert len(removed) == 1, [str(w.message) for w in caught]
     assert not path.exists()

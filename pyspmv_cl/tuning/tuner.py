@@ -754,11 +754,12 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                                                  **chosen.get("resolved", {})}, dtype):
                 return _database_handover(csr, features, device, dtype, user_params,
                                           stored, chosen, block_size, key)
-            stored.impl = _build_stored(chosen, csr, features, device, dtype, user_params,
-                                        (key, entry.get("created")))
-            if stored.impl is not None:
+            try:
+                stored.impl = _build_stored(stored, csr, features, device, dtype,
+                                            user_params, key, "tuning anew")
                 return stored
-            database.discard(key)   # decided anew below (and stored where measured)
+            except PySpMVError:
+                pass   # decided anew below (and stored where measured)
 
     if mode == "auto":
         worth, why = _worth_measuring(features, profile, dtype, expected_calls,
@@ -822,22 +823,24 @@ def _usable(chosen, features, profile, dtype, user_params, tag):
     return True
 
 
-def _build_stored(chosen, csr, features, device, dtype, user_params, tag):
-    """The stored winner built for this matrix, or None (with one warning per entry,
-    ``tag``) where it cannot be: an entry edited, or written for a matrix of the same
-    fingerprint that this one's structure does not suit (dia's diagonal limit), raised
-    to the caller before, where the online path fell back to its start format."""
-    cls = FORMATS[chosen["format"]]
+def _build_stored(stored, csr, features, device, dtype, user_params, key, then):
+    """The stored winner (``stored``, a Decision of the database's entry ``key``) built
+    for this matrix.  Where it cannot be (an entry edited, or written for a matrix of
+    the same fingerprint that this one's structure does not suit: dia's diagonal limit)
+    the entry is removed, with one warning per entry that says what happens ``then``,
+    and the error raised: it failed in every process that looked the matrix up."""
+    cls = FORMATS[stored.format]
     try:
         resolved = cls.resolve_params(features, device.profile, dtype,
-                                      {**(user_params or {}), **chosen["params"]})
+                                      {**(user_params or {}), **stored.params})
         return instantiate(cls, csr, device, dtype, resolved, features=features)
     except PySpMVError as exc:
-        store.warn_once(("tuning-unbuildable", tag),
-                        f"pyspmv_cl: the tuning database's choice, {chosen['format']}, "
+        store.warn_once(("tuning-unbuildable", key, stored.entry.get("created")),
+                        f"pyspmv_cl: the tuning database's choice, {stored.format}, "
                         f"cannot be built for this matrix ({str(exc).splitlines()[0]}); "
-                        "tuning anew")
-        return None
+                        f"{then}")
+        database.discard(key)
+        raise
 
 
 def _after(trigger):
@@ -846,7 +849,7 @@ def _after(trigger):
 
 
 def _database_handover(csr, features, device, dtype, user_params, stored, chosen,
-                       block_size=1, key=None):
+                       block_size, key):
     """A stored winner that converts on the host (on CPUs ell, csr5, bccoo, ...; on GPUs
     bccoo's block shapes other than 1 x 1, or rows out of order): start on the
     online start format at once and convert the winner in the background (online.py's
@@ -863,25 +866,13 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
     trigger = online.trigger_calls(features, profile, dtype, conversion, measuring=False)
 
     def convert_winner(snapshot, should_stop, offer, exclusive):
-        cls = FORMATS[stored.format]
         queue = cl.CommandQueue(device.context, device.cl_device)   # as run_measurement's
-        try:
-            resolved = cls.resolve_params(features, profile, dtype,
-                                          {**(user_params or {}), **stored.params})
-            stored.impl = instantiate(cls, snapshot, device.on_queue(queue), dtype,
-                                      resolved, features=features)
-        except PySpMVError as exc:
-            # As _build_stored: an entry that does not suit this matrix is not left to
-            # fail in every process; this one keeps its start format.
-            store.warn_once(("tuning-unbuildable", key, stored.entry.get("created")),
-                            f"pyspmv_cl: the tuning database's choice, {stored.format}, "
-                            f"cannot be built for this matrix "
-                            f"({str(exc).splitlines()[0]}); removed from the database "
-                            f"(the next SpMV of this matrix tunes anew), staying on "
-                            f"{start_format}")
-            if key is not None:
-                database.discard(key)
-            raise
+        # (a winner that cannot be built fails this conversion: the operator keeps its
+        # start format)
+        stored.impl = _build_stored(stored, snapshot, features, device.on_queue(queue), dtype,
+                                    user_params, key,
+                                    "removed from the database (the next SpMV of this "
+                                    f"matrix tunes anew), staying on {start_format}")
         queue.finish()
         return stored
 
