@@ -584,12 +584,13 @@ class SpMV:
         if online is not None and online.gates_products:
             with online.product_slot():   # not during a timing burst of the measurement
                 event = self._enqueue(x_buf, y_buf, alpha, beta, wait_for, block)
-                online.note_call(self._impl, self._values_version, self.queue, event)
+                online.note_call(self._impl, self._values_version, self.queue, event,
+                                 block or 1)
             return event
         # Otherwise no gate: its context manager costs about a microsecond a product.
         event = self._enqueue(x_buf, y_buf, alpha, beta, wait_for, block)
         if online is not None:
-            online.note_call(self._impl, self._values_version, self.queue, event)
+            online.note_call(self._impl, self._values_version, self.queue, event, block or 1)
         return event
 
     def _enqueue(self, x_buf, y_buf, alpha, beta, wait_for, block):
@@ -672,7 +673,7 @@ class SpMV:
             return "none"
         with self._lock:
             if self._online is not None and tuning.state == "waiting":
-                tuning.trigger = tuning.calls + 1
+                tuning.start_at_next()
                 tuning.note_call(self._impl, self._values_version)
         tuning.wait(timeout)   # products of other threads go on meanwhile
         with self._lock:

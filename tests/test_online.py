@@ -35,7 +35,7 @@ def matrix(seed=0):
 def start_now(op):
     """Make the background measurement start at the next product (the CPU trigger
     waits for many products otherwise)."""
-    op.tuning.online.trigger = op.tuning.online.calls + 1
+    op.tuning.online.start_at_next()
 
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])

@@ -335,6 +335,35 @@ def test_online_tuning_for_k(rng):
             == "model"
 
 
+def test_online_trigger_counts_blocks_by_their_weight(rng):
+    """The trigger is in products of block_size vectors: a product of k vectors weighs
+    sqrt(k) single ones, on the model's trigger and on the count toward it (a caller
+    of 16-vector blocks started the measurement 4x later than its rule said)."""
+    from pyspmv_cl.tuning import online
+    A = random_values(generators.poisson2d(40), rng)
+    f = MatrixFeatures.from_csr(A.tocsr())
+    for profile in (DEVICES[0].profile.replace(device_type="cpu"),
+                    DEVICES[0].profile.replace(device_type="gpu")):
+        one = online.trigger_calls(f, profile, DTYPE, 5.0)
+        sixteen = online.trigger_calls(f, profile, DTYPE, 5.0, block_size=16)
+        assert one > 4 and sixteen == pytest.approx(one / 4, abs=1), (one, sixteen)
+    op = psc.SpMV(A, dtype=DTYPE, device=DEVICES[0], tune="online", block_size=16)
+    tuning = op.tuning.online
+    tuning._run_measurement = lambda *a: (_ for _ in ()).throw(RuntimeError("stop"))
+    tuning.trigger = 2
+    X = rng.standard_normal((A.shape[1], 16))
+    assert_close(op @ X, reference(A, X), A, X, DTYPE)   # 16 vectors: 1 of 2
+    for _ in range(3):                   # three single ones: a quarter each
+        x = rng.standard_normal(A.shape[1])
+        assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert tuning.state == "waiting" and tuning.calls == 4
+    assert tuning.work == pytest.approx(1.75)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)   # the fourth: 2 of 2, it starts
+    assert op.finish_tuning(60) == "failed" and "stop" in tuning.error
+    assert tuning.calls == 5
+
+
 def test_online_start_has_block_kernels_on_gpus(rng):
     """On a GPU the online start is csr-vector; with the caller's
     block_mapping="items", whose adaptive mapping has no block kernels, k > 1 starts

@@ -82,6 +82,15 @@ GPU_SWITCH_GAIN = 0.06
 GPU_BYTES_PER_SECOND = 2e12
 
 
+def vector_products(k: int) -> float:
+    """What one product of ``k`` vectors through block kernels weighs against a single
+    product, for the triggers: about sqrt(k).  On an H100 (20M non-zeros, session 23's
+    kernels) a block of 8 took 2.7-3.2 single products' time and a block of 32
+    4.5-7.1; a format without block kernels runs its columns as single products,
+    each counted on its own."""
+    return float(np.sqrt(max(int(k), 1)))
+
+
 #: Longest wait (seconds) of a timing burst for the caller's last product to finish before
 #: it times anyway (that product may wait on an event the caller sets later).
 EXCLUSIVE_WAIT = 0.1
@@ -172,12 +181,14 @@ def start_choice(features, profile, dtype, block_size=1, user_params=None):
     return "csr-scalar", {}, "csr-scalar: no conversion"
 
 
-def trigger_calls(features, profile, dtype, budget, measuring=True) -> int:
-    """Products after which the background work starts: on CPUs once the products run
-    would have taken ``budget``; on GPUs, for a measurement (``measuring``), once the
-    time a switch might have saved them adds up to what the measurement costs them
+def trigger_calls(features, profile, dtype, budget, measuring=True, block_size=1) -> int:
+    """Products (of ``block_size`` vectors each: ``vector_products``) after which the
+    background work starts: on CPUs once the products run would have taken
+    ``budget``; on GPUs, for a measurement (``measuring``), once the time a switch
+    might have saved them adds up to what the measurement costs them
     (``GPU_SWITCH_GAIN``), else (converting a known winner) at once."""
     nbytes = product_bytes(features.nnz, features.n_rows, features.n_cols, dtype)
+    nbytes *= vector_products(block_size)
     if profile.is_gpu:
         if not measuring:
             return 1
@@ -191,11 +202,14 @@ def trigger_calls(features, profile, dtype, budget, measuring=True) -> int:
 class OnlineTuning:
     """The background measurement of one operator; ``state`` is "waiting" (for the
     trigger), "running", "done" (a winner is ready or was taken), "failed" or
-    "cancelled".  ``calls`` counts the products seen; ``started``/``finished`` are
+    "cancelled".  ``calls`` counts the products seen, ``work`` the same in products of
+    ``block_size`` vectors (``vector_products``: what ``trigger`` counts, so that a caller
+    mixing single and block products reaches it when their time does); ``started``/``finished`` are
     ``time.time()`` stamps; ``switched_at_call`` the product before which the operator
     switched (None if it kept its start format)."""
 
-    def __init__(self, run_measurement, *, budget, trigger, start, inline=False):
+    def __init__(self, run_measurement, *, budget, trigger, start, inline=False,
+                 block_size=1):
         # run_measurement(csr, should_stop, offer, exclusive) -> Decision (impl=the
         # winner, built, None when it was handed over by offer), or raises
         self._run_measurement = run_measurement
@@ -204,6 +218,10 @@ class OnlineTuning:
         self.inline = bool(inline)    # measure in the caller's thread (no thread)
         self.state = "waiting"
         self.calls = 0
+        self.work = 0.0
+        self._per_vectors = {}   # k -> one product's share of a block_size product
+        self._unit = vector_products(block_size)
+        self._now = False   # start at the next product (``start_at_next``)
         self.started = self.finished = None
         self.switched_at_call = None
         self.switches = []   # (product count, format) of each switch the operator made
@@ -243,13 +261,21 @@ class OnlineTuning:
                 self._gate.wait()
             yield
 
-    def note_call(self, impl, values_version, queue=None, event=None) -> None:
-        """Count one product (``event``: its last, on ``queue``); start the measurement
-        when the trigger is reached."""
+    def start_at_next(self) -> None:
+        """Start the measurement at the next product, whatever the trigger says."""
+        self._now = True
+
+    def note_call(self, impl, values_version, queue=None, event=None, vectors=1) -> None:
+        """Count one product of ``vectors`` vectors (``event``: its last, on ``queue``);
+        start the measurement when the trigger is reached."""
         self.calls += 1
+        share = self._per_vectors.get(vectors)
+        if share is None:
+            share = self._per_vectors[vectors] = vector_products(vectors) / self._unit
+        self.work += share
         if event is not None:
             self._last = (queue, event)
-        if self.state == "waiting" and self.calls >= self.trigger:
+        if self.state == "waiting" and (self._now or self.work >= self.trigger - 1e-9):
             # The read-back happens in the thread, on a queue of its own: a read into
             # pageable memory returns only when done on NVIDIA (10-20 ms at 20M
             # non-zeros), which the caller's product must not wait for.  Kernels only

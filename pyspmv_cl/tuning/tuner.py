@@ -863,7 +863,8 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
     if start_format == stored.format:   # converts as fast as the start would
         return stored
     conversion = float(chosen.get("conversion_seconds") or 0.0)
-    trigger = online.trigger_calls(features, profile, dtype, conversion, measuring=False)
+    trigger = online.trigger_calls(features, profile, dtype, conversion, measuring=False,
+                                   block_size=block_size)
 
     def convert_winner(snapshot, should_stop, offer, exclusive):
         queue = cl.CommandQueue(device.context, device.cl_device)   # as run_measurement's
@@ -878,7 +879,8 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
 
     tuning = online.OnlineTuning(convert_winner, budget=conversion, trigger=trigger,
                                  start=(start_format, start_params),
-                                 inline=runs_in_calling_thread(device))
+                                 inline=runs_in_calling_thread(device),
+                                 block_size=block_size)
     # (on CPUs the conversion shares the cores with the caller's products: it starts
     # once they have run for a share of its cost, as a measurement does)
     when = _after(trigger)
@@ -897,7 +899,7 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
     start_format, start_params, start_why = online.start_choice(
         features, profile, dtype, block_size, user_params)
     start = (start_format, start_params)   # timed too: a switch must be a gain
-    trigger = online.trigger_calls(features, profile, dtype, budget)
+    trigger = online.trigger_calls(features, profile, dtype, budget, block_size=block_size)
 
     def run_measurement(snapshot, should_stop, offer, exclusive):
         # A queue of its own: the caller's products go on while candidates are timed.
@@ -924,7 +926,8 @@ def _online_decision(csr, features, device, dtype, user_params, key, fp, budget,
                                entry["tuning_seconds"])
 
     tuning = online.OnlineTuning(run_measurement, budget=budget, trigger=trigger,
-                                 start=start, inline=runs_in_calling_thread(device))
+                                 start=start, inline=runs_in_calling_thread(device),
+                                 block_size=block_size)
     when = _after(trigger)
     return Decision(start_format, start_params,
                     f"online{_for_k(block_size)}: starting on {start_why}; measuring "
