@@ -178,7 +178,9 @@ def _build_from_source(context, device, source, options):
 
 def _build_from_binary(context, device, binary, options):
     program = cl.Program(context, [device], [binary])
-    program.build(" ".join(options), [device])
+    with warnings.catch_warnings():   # (build logs, as in _build_from_source)
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        program.build(" ".join(options), [device])
     return program
 
 

@@ -11,6 +11,7 @@ import time
 import warnings
 
 import numpy as np
+import pyopencl as cl
 
 from . import bench
 from ._version import __version__
@@ -71,13 +72,12 @@ def _cmd_bench(args):
         print("--formats names no format: give names, 'all' or 'auto'", file=sys.stderr)
         return 2
     dtypes = ["float32", "float64"] if args.dtype == "both" else _split(args.dtype)
-    if not dtypes:
-        print("--dtype names no dtype: use float32, float64 or both", file=sys.stderr)
+    known = ("float32", "float64", "complex64", "complex128")
+    if not dtypes or any(dt not in known for dt in dtypes):
+        what = "names no dtype" if not dtypes else f"has an unknown dtype {args.dtype!r}"
+        print(f"--dtype {what}: use {', '.join(known)} (comma-separated) or both",
+              file=sys.stderr)
         return 2
-    for dt in dtypes:
-        if dt not in ("float32", "float64"):
-            print(f"unknown dtype {dt!r}: use float32, float64 or both", file=sys.stderr)
-            return 2
     if args.repeat < 1 or not 0 <= args.min_time < math.inf:   # (NaN fails both)
         print("--repeat must be at least 1 and --min-time a finite number of seconds "
               ">= 0", file=sys.stderr)
@@ -281,7 +281,10 @@ def build_parser():
     p.add_argument("--formats", default="all,auto",
                    help="comma-separated format names, 'auto', 'all' (every format); "
                         "default all,auto")
-    p.add_argument("--dtype", default="both", help="float32, float64 or both (default)")
+    p.add_argument("--dtype", default="both",
+                   help="float32, float64, complex64, complex128 (comma-separated) or both "
+                        "(default: float32,float64); a complex matrix runs in the complex "
+                        "type of each precision")
     p.add_argument("--device", default=None,
                    help="device selection (e.g. 0:1, cpu, gpu, pocl); default as the library")
     p.add_argument("--peers", default="all",
@@ -330,7 +333,11 @@ def build_parser():
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    """The library's warnings as one line each (not Python's file, line and source)."""
+    """The library's warnings as one line each (not Python's file, line and source);
+    pyopencl's note of a driver's build log (correct kernels of its own, e.g. array
+    reductions, whose log NVIDIA fills) is left out."""
+    if issubclass(category, cl.CompilerWarning):
+        return
     text = str(message).removeprefix("pyspmv_cl: ")
     print(f"pyspmv-cl: warning: {text}", file=sys.stderr if file is None else file)
 

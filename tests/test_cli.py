@@ -358,6 +358,37 @@ def test_bench_skips_matrices_with_nothing_to_time(tmp_path):
     assert any(r.get("matrix") == "poisson2d-20" and "error" not in r for r in rows), rows
 
 
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_bench_times_a_complex_matrix_in_complex_types(tmp_path):
+    """A complex .mtx is timed in the complex type of each precision asked for (it was
+    skipped), its error against scipy in complex128; a real matrix takes a complex
+    --dtype too."""
+    import scipy.io
+    import scipy.sparse as sp
+    A = sp.random(300, 300, density=0.03, random_state=1)
+    path = tmp_path / "complex.mtx"
+    scipy.io.mmwrite(str(path), A + 1j * sp.random(300, 300, density=0.03, random_state=2))
+    dtypes = "float32,float64" if DEVICES[0].profile.fp64 else "float32"
+    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar,coo",
+                   "--peers", "scipy", "--dtype", dtypes, "--repeat", "2", "--min-time",
+                   "0.01", "--quiet", "--json", "-", str(path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["results"]
+    want = {"complex64", "complex128"} if DEVICES[0].profile.fp64 else {"complex64"}
+    assert {r["dtype"] for r in rows} == want, rows
+    assert {r["impl"] for r in rows} == {"csr-scalar", "coo", "scipy"}
+    for r in rows:
+        assert "error" not in r, r
+        assert 0 <= r["rel_err"] < (1e-5 if r["dtype"] == "complex64" else 1e-12), r
+        assert r["gflops"] == pytest.approx(8 * r["nnz"] / r["seconds"] / 1e9)
+    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar",
+                   "--peers", "none", "--dtype", "complex64", "--repeat", "2",
+                   "--min-time", "0.01", "--quiet", "--json", "-", "poisson2d:10")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(proc.stdout)["results"]
+    assert row["dtype"] == "complex64" and 0 <= row["rel_err"] < 1e-5, row
+
+
 def test_tune_refuses_values_the_dtype_cannot_hold(tmp_path, capsys, monkeypatch):
     """--dtype float32 on a matrix holding 1e300: refused as SpMV(A, dtype=float32)
     refuses it (exit 1), where every candidate failed as a 'wrong result' before and

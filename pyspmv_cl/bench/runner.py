@@ -26,6 +26,7 @@ from .. import codegen
 from .._version import __version__
 from ..cache import get_program
 from ..formats.base import format_bytes
+from ..inputs import needs_fp64
 from ..launching import launch_kernel, launches_seconds
 from ..matrix import SpMV
 from .generators import from_spec
@@ -79,16 +80,19 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
 
 def relative_error(y, y_ref, A64, x64):
     """max |y - y_ref| / max(|A| @ |x|): rounding error relative to the magnitudes
-    summed (0 for exact results, ~1e-7 for float32 sums)."""
+    summed (0 for exact results, ~1e-7 for float32 sums); complex results against a
+    complex128 reference."""
     scale = float(np.max(abs(A64) @ np.abs(x64))) if A64.nnz else 0.0
-    diff = np.abs(np.asarray(y, dtype=np.float64) - y_ref)
+    wide = np.complex128 if np.iscomplexobj(y) or np.iscomplexobj(y_ref) else np.float64
+    diff = np.abs(np.asarray(y).astype(wide, copy=False) - y_ref)
     if not diff.size:
         return 0.0
     return float(np.max(diff) / scale) if scale > 0 else float(np.max(diff))
 
 
 def _record(name, csr, dtype, impl, seconds, copy_gbps, rel_err, **extra):
-    flops = 2.0 * csr.nnz
+    # a complex multiply-add is 8 real operations
+    flops = (8.0 if np.dtype(dtype).kind == "c" else 2.0) * csr.nnz
     gbps = min_bytes(csr, dtype) / seconds / 1e9
     row = {"matrix": name, "rows": csr.shape[0], "cols": csr.shape[1], "nnz": int(csr.nnz),
            "dtype": np.dtype(dtype).name, "impl": impl, "seconds": seconds,
@@ -109,20 +113,24 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
     machine load during the run affects all of them alike instead of favouring
     whichever ran in a quiet moment."""
     csr = sp.csr_matrix(A)
-    A64 = csr.astype(np.float64)
+    A64 = csr.astype(np.complex128 if csr.dtype.kind == "c" else np.float64)
     rng = np.random.default_rng(12345)
-    x64 = rng.uniform(-1.0, 1.0, csr.shape[1])
-    y_ref = A64 @ x64
+    real_x = rng.uniform(-1.0, 1.0, csr.shape[1])
+    complex_x = real_x + 1j * rng.uniform(-1.0, 1.0, csr.shape[1])
+    references = {}   # x's kind -> A64 @ x
     results = []
 
     def failed(dtype, impl, exc):
         results.append({"matrix": name, "dtype": dtype.name, "impl": impl,
                         "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
 
-    for dtype in dtypes:
-        dtype = np.dtype(dtype)
-        if dtype == np.float64 and not device.profile.fp64:
+    for dtype in dict.fromkeys(in_kind_of(d, csr.dtype) for d in dtypes):
+        if needs_fp64(dtype) and not device.profile.fp64:
             continue
+        x64 = complex_x if dtype.kind == "c" else real_x
+        if dtype.kind not in references:
+            references[dtype.kind] = A64 @ x64
+        y_ref = references[dtype.kind]
         x_host = x64.astype(dtype)
         timed = []   # (impl, sample() -> seconds, finish(seconds) -> record or None)
         for fmt in formats:
@@ -161,6 +169,16 @@ def bench_matrix(name, A, device, formats, dtypes, peers, *, repeats=30, min_tim
             except Exception as exc:
                 failed(dtype, impl, exc)
     return results
+
+
+def in_kind_of(dtype, matrix_dtype):
+    """The type a matrix is timed in for a requested ``dtype``: a complex matrix in the
+    complex type of the same precision (float32 -> complex64), since a real one would
+    drop its imaginary parts."""
+    dtype = np.dtype(dtype)
+    if np.dtype(matrix_dtype).kind == "c" and dtype.kind == "f":
+        return np.result_type(dtype, np.complex64)
+    return dtype
 
 
 def _interleaved(timed, repeats, min_time, rounds):
@@ -260,7 +278,7 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
     if device.profile.device_type != "gpu":
         peers = [p for p in peers if p.device != "cuda"]
     if progress is not None and hasattr(progress, "total"):
-        per_dtype = sum(1 for d in dtypes if np.dtype(d) != np.float64 or device.profile.fp64)
+        per_dtype = sum(1 for d in dtypes if not needs_fp64(d) or device.profile.fp64)
         progress.total = 1 + len(specs) * (1 + per_dtype * (len(formats) + len(peers)))
     if progress:
         progress("measuring copy bandwidth")
@@ -271,9 +289,6 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
         if progress:
             progress(f"building {spec}")
         name, A = from_spec(spec)
-        if A.dtype.kind == "c":
-            results.append({"matrix": name, "impl": "-", "error": "complex matrix skipped"})
-            continue
         if not A.nnz or 0 in A.shape:   # nothing to time (and no rate to average)
             results.append({"matrix": name, "impl": "-",
                             "error": f"{A.shape[0]}x{A.shape[1]} with {A.nnz} non-zeros "
@@ -310,7 +325,7 @@ LEGEND = ("GB/s: CSR-equivalent bytes / time; % copy: GB/s / copy bandwidth, >10
 
 #: Notes on every column: ``bench -v`` prints them under the table, ``bench --help`` too.
 COLUMN_NOTES = (
-    ("GFLOP/s", "2 * nnz / time, the time being 'kernel ms'."),
+    ("GFLOP/s", "2 * nnz / time (8 * nnz for complex values), the time being 'kernel ms'."),
     ("GB/s", "the bytes a CSR product must move at least (values, 32-bit column indices and "
              "row pointers, x read once, y written once) / time: one count for every "
              "implementation, whatever its format stores."),
@@ -324,7 +339,8 @@ COLUMN_NOTES = (
                   "GPU."),
     ("call ms", "median wall time of a whole host-to-host op @ x."),
     ("conv", "the conversion from CSR to the format, in units of one product's kernel time."),
-    ("rel err", "max |y - y_ref| / max(|A| @ |x|) against scipy in float64."),
+    ("rel err", "max |y - y_ref| / max(|A| @ |x|) against scipy in float64 (complex128 "
+                "for complex values)."),
     ("nbytes", "the format's device memory."),
     ("params", "the format's parameters; for auto, the format chosen and where the decision "
                "came from (model, measured, database). Cut to fit 120 columns unless -v."),
