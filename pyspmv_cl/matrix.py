@@ -934,7 +934,9 @@ class SpMV:
             cla.empty(self.queue, out.shape, out.dtype, order="F" if (
                 out.flags.f_contiguous and not out.flags.c_contiguous) else "C")
         self._matvec_device_aligned(x, work, alpha, beta)
-        out.add_event(cla.Array._copy(out, work, queue=self.queue))
+        # (a view of out on this queue: out may be on another of the caller's)
+        out.add_event(cla.Array._copy(out.with_queue(self.queue), work, queue=self.queue,
+                                      wait_for=[*out.events, *work.events] or None))
         return out
 
     def _needs_temporary(self, arr):
@@ -1040,8 +1042,9 @@ class SpMV:
         queue, events = self.queue, []
 
         def cast(dest, src, wait_for):
-            if dest.size:
-                event = cla.Array._copy(dest, src, queue=queue, wait_for=wait_for or None)
+            if dest.size:   # (views on this queue: the caller's arrays may be on another)
+                event = cla.Array._copy(dest.with_queue(queue), src.with_queue(queue),
+                                        queue=queue, wait_for=wait_for or None)
                 events.append(event)
                 return [event]
             return list(wait_for)

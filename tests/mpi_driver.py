@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 from mpi4py import MPI
@@ -208,9 +209,11 @@ def cg_case():
         r0, r1 = op.row_range
         x, info = psd.cg(op, b[r0:r1], tol=1e-10, maxiter=500, M=M)
         xs = gather(x)
-        # Device-resident right-hand side: the result stays on the device.
-        x_dev, info_dev = psd.cg(op, cla.to_device(op.queue, b[r0:r1]), tol=1e-10,
-                                 maxiter=500, M=M)
+        # Device-resident right-hand side and x0, on another queue of the operator's
+        # context (pyopencl's kernels asserted): the result stays on the device.
+        q2 = cl.CommandQueue(op.queue.context)
+        x_dev, info_dev = psd.cg(op, cla.to_device(q2, b[r0:r1]), tol=1e-10,
+                                 maxiter=500, M=M, x0=cla.zeros(q2, r1 - r0, np.float32))
         xs_dev = gather(x_dev.get())
         x_t, info_t = psd.cg(op.T, b[r0:r1], tol=1e-10, maxiter=500, M=M)   # A = A^T
         xs_t = gather(x_t)
@@ -227,6 +230,12 @@ def cg_case():
             result[str(M)].update(x_one_rank=x1.tolist(), info_one_rank=info1,
                                   iterations_one_rank=one.cg_stats["iterations"])
         one.free()
+        # Not positive definite: a breakdown (p.Ap <= 0) gives info -1, as documented.
+        d = np.where(np.arange(20) % 2, 1.0, -1.0)
+        bad = psd.SpMV(sp.diags(d).tocsr(), MPI.COMM_SELF, row_start=0, shape=(20, 20),
+                       dtype=np.float64, **FAST)
+        result["indefinite_info"] = psd.cg(bad, np.ones(20), maxiter=50)[1]
+        bad.free()
         np.savez(OUT / "cg.npz", data=A.data, indices=A.indices, indptr=A.indptr,
                  shape=A.shape, b=b)
         SUMMARY["cg"] = result

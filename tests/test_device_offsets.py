@@ -65,6 +65,33 @@ def test_vector_views(device, fmt, dtype, rng):
     assert np.isnan(np.delete(out_whole.get(), np.s_[3:93])).all()
 
 
+@pytest.mark.parametrize("fmt", ["csr-scalar", "coo"])
+def test_arrays_on_another_queue_through_temporaries(device, fmt, rng):
+    """x and out on another queue of the operator's context, where the product goes
+    through temporaries: x or out of the other float type (cast on the device) and an
+    out view off the alignment (copied back). pyopencl's copy kernel asserted that
+    every array was on the operator's queue."""
+    import pyopencl as cl
+    skip_without_fp64(device, np.float64)
+    A = sp.csr_matrix(generators.random_uniform(120, 90, 5, seed=int(rng.integers(99))))
+    op = make_operator(A, fmt, dtype=np.float64, device=device)
+    q2 = cl.CommandQueue(op.queue.context)
+    x = rng.uniform(-1, 1, 90)
+    y0 = rng.uniform(-1, 1, 120)
+    x32 = x.astype(np.float32)
+    assert_close((op @ cla.to_device(q2, x32)).get(), reference(A, x32), A, x, np.float32)
+    out = cla.to_device(q2, y0.astype(np.float32))
+    assert op.matvec(cla.to_device(q2, x), out=out, alpha=2.0, beta=-0.5) is out
+    assert_close(out.get(), reference(A, x, 2.0, -0.5, y0.astype(np.float32)), A, x,
+                 np.float32)
+    for beta in (0.0, -0.5):
+        init = y0 if beta else np.full(120, np.nan)
+        whole, outv = placed(q2, init, starts(device, np.float64)["unaligned"], 400)
+        assert op.matvec(cla.to_device(q2, x), out=outv, alpha=2.0, beta=beta) is outv
+        assert_close(outv.get(), reference(A, x, 2.0, beta, y0), A, x, np.float64)
+        assert np.isnan(np.delete(whole.get(), np.s_[3:123])).all()
+
+
 @pytest.mark.parametrize("fmt", ["csr-scalar", "sell", "coo"])
 def test_block_views(device, fmt, rng):
     """A row range of a larger (rows, k) device array is a C-contiguous view at an

@@ -256,6 +256,7 @@ def test_cg_converges_to_scipy_and_one_rank(mpi_run, M):
     res = summary["cg"][M]
     assert res["info"] == 0 and res["info_dev"] == 0 and res["info_one_rank"] == 0
     assert res["info_transposed"] == 0   # cg on op.T (A is symmetric), Jacobi included
+    assert summary["cg"]["indefinite_info"] == -1
     scale = np.abs(exact).max()
     for key in ("x", "x_dev", "x_one_rank", "x_transposed"):
         assert np.abs(np.array(res[key]) - exact).max() <= 1e-8 * scale, key

@@ -63,7 +63,9 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
     Every vector lives on the rank's device (``op.queue``); per iteration: one
     distributed product, two device reductions and one ``Allreduce`` of two numbers
     (``r.z`` and ``r.r`` together), plus one for ``p.Ap``.  Returns ``(x_local, info)``
-    like scipy (``info`` 0 when converged, else the iterations done), ``x_local`` of the
+    like scipy (``info`` 0 when converged, the iterations done when ``maxiter`` ran
+    out, -1 on a breakdown: ``p.Ap <= 0``, the matrix not positive definite, where
+    scipy's cg would go on), ``x_local`` of the
     kind of ``b_local``; ``op.cg_stats`` holds iterations, residual norms and times.
     ``tol`` and ``atol`` are finite numbers >= 0, ``maxiter`` an integer >= 1, and all
     ranks must give the same ``tol``, ``atol``, ``maxiter`` and ``M`` (else
@@ -96,6 +98,12 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
         if isinstance(v, cla.Array):
             if v.size != n:
                 raise InvalidInputError(f"{name} has {v.size} entries; rank owns {n}")
+            if v.context != queue.context:
+                raise InvalidInputError(f"{name} is on another OpenCL context than the "
+                                        "operator's; create it on op.queue")
+            if v.queue is not queue:   # another queue of the caller's: its writes first
+                v.finish()
+                v = v.with_queue(queue)
             return v.reshape(n).astype(dtype) if v.dtype != dtype else v.reshape(n).copy()
         if v.shape not in ((n,), (n, 1)):
             raise InvalidInputError(f"{name} has shape {v.shape}; this rank owns {n} entries")
