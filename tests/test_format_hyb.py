@@ -96,6 +96,31 @@ def test_specials_in_x_with_short_rows(width, dtype, device, rng):
                         2.0, 1.0, y0)
 
 
+@pytest.mark.parametrize("width", [0, 1, 3])
+def test_alpha_scales_the_row_sum_once(width, device, rng):
+    """alpha is applied to a row's whole sum, not to its ELL and COO parts apart: inf
+    gave NaN in rows whose ELL part is empty (inf * 0) where scipy gives inf, and 1e300
+    times parts of 1e10 and -1e10 overflowed where the row's sum is 0."""
+    skip_without_fp64(device, np.float64)
+    A = sp.csr_matrix(np.array([[1e10, -1e10, 0, 0], [0, 1.0, 2.0, 0], [0, 0, 0, 0],
+                                [3.0, 0, 1.0, 5.0]]))
+    x = np.ones(4)
+    op = psc.SpMV(A, format="hyb", dtype=np.float64, device=device, ell_width=width)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for alpha in (np.inf, -np.inf, 1e300, 2.0, 0.5):
+            want = alpha * (A @ x)
+            got = op.matvec(x, out=poisoned(4, np.float64), alpha=alpha)
+            np.testing.assert_array_equal(got, want, err_msg=f"alpha={alpha}")
+            y0 = rng.standard_normal(4)
+            got = op.matvec(x, out=y0.copy(), alpha=alpha, beta=-0.5)
+            if np.isfinite(alpha):   # (rounding bounded by |alpha| |A| |x|, and |y0|)
+                check_against_scipy(got, A, x, np.float64, alpha, -0.5, y0)
+            else:
+                np.testing.assert_array_equal(got, want - 0.5 * y0, err_msg=f"{alpha}")
+        X = rng.standard_normal((4, 3))   # blocks go column by column through the same
+        np.testing.assert_allclose(op.matmat(X, alpha=3.0), 3.0 * (A @ X), rtol=1e-12)
+
+
 # ------------------------------------------------------------------ the rule
 
 

@@ -4,7 +4,11 @@ to a COO part (``coo``'s segmented reduction: :class:`~.coo.COOPart`).  Two prog
 (``ell.mako`` with ``work_group_size``, ``coo.mako`` with ``coo_work_group_size``); the
 ELL arrays are named ``ell_*``, the COO ones ``coo_*``.  Launches: ELL computes
 ``y = alpha*A_ell@x + beta*y`` for every row (with ``K == 0`` it only scales y), then
-COO adds ``alpha*A_coo@x`` (beta = 1: rows without COO entries are not touched).
+COO adds ``alpha*A_coo@x`` (beta = 1: rows without COO entries are not touched).  An
+``alpha`` beyond 1 in magnitude (or NaN) runs both parts unscaled into a scratch vector
+and scales once (``enqueue``, one more pass over y): applied to each part, inf times a
+part's empty sum gave NaN where scipy's ``alpha * (A @ x)`` gives inf, and 1e300 times
+a row's two parts of 1e10 and -1e10 overflowed where the row's sum is 0.
 HYB never refuses a matrix.
 
 Choice of ``K`` from the row-length histogram: Bell & Garland take ELL to be about three
@@ -24,6 +28,8 @@ operator again.
 import math
 
 import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
 import scipy.sparse as sp
 
 from . import ell_device
@@ -216,6 +222,23 @@ class HYB(SpMVFormat):
 
     def scratch_sizes(self):
         return self.coo.scratch_sizes()
+
+    def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
+        if abs(alpha) <= 1 or not self.shape[0]:   # (parts scaled apart cannot overflow)
+            return super().enqueue(queue, x_buf, y_buf, alpha, beta, wait_for)
+        m, scalar = self.shape[0], self.dtype.type
+        unscaled = getattr(self, "_unscaled", None)
+        if unscaled is None:   # (kept: a caller giving inf once may give it again)
+            unscaled = self._unscaled = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE,
+                                                  m * self.dtype.itemsize)
+        event = super().enqueue(queue, x_buf, unscaled, 1.0, 0.0, wait_for)
+        t = cla.Array(queue, m, self.dtype, data=unscaled)
+        y = cla.Array(queue, m, self.dtype, data=y_buf)
+        if beta == 0:   # y not read (it may hold NaN)
+            return cla.Array._axpbz(y, scalar(alpha), t, scalar(0), queue=queue,
+                                    wait_for=[event])
+        return cla.Array._axpbyz(y, scalar(alpha), t, scalar(beta), y, queue=queue,
+                                 wait_for=[event])
 
     def launches(self, beta):
         wg = self.params["work_group_size"]
