@@ -93,6 +93,20 @@ def entry_rows(indptr, dtype=np.int64) -> np.ndarray:
     return repeat(np.arange(n_rows, dtype=dtype), np.diff(indptr), dtype)
 
 
+def has_canonical_format(csr) -> bool:
+    """Whether every row's columns strictly increase (no duplicates, sorted), checked
+    on the arrays: scipy caches its own flag, which an edit of ``indices`` in place
+    after it was read leaves stale (dia and bccoo then dropped a duplicate)."""
+    indices, indptr = csr.indices, csr.indptr
+    if indices.size < 2:
+        return True
+    ok = indices[1:] > indices[:-1]
+    starts = np.asarray(indptr[1:-1], dtype=np.int64)   # a row's first entry: any column
+    starts = starts[(starts > 0) & (starts < indices.size)]
+    ok[starts - 1] = True
+    return bool(ok.all())
+
+
 def entry_offsets(indptr, indices):
     """Yield ``column - row`` (int64) of the stored entries of a CSR, whole rows at a
     time in non-empty pieces of about ``PIECE`` entries, letting waiting threads run between

@@ -406,3 +406,25 @@ def test_invalid_parameters(bad, device):
     A = sp.random(20, 20, density=0.2, format="csr", random_state=0)
     with pytest.raises(ValueError, match="bccoo"):
         psc.SpMV(A, format="bccoo", device=device, **bad)
+
+
+@pytest.mark.parametrize("params", [{}, {"block_height": 2, "block_width": 2},
+                                    {"slices": 3}], ids=str)
+def test_a_stale_canonical_flag_keeps_duplicates(params, device, rng):
+    """scipy caches has_canonical_format; an edit of indices in place afterwards leaves
+    it True over a duplicate, which the conversion took on trust (the duplicate's value
+    was lost: a test drive). The library checks the arrays; update_values follows."""
+    skip_without_fp64(device, np.float64)
+    A = sp.random(30, 30, density=0.2, format="csr", random_state=int(rng.integers(99)))
+    A.sort_indices()
+    assert A.has_canonical_format   # read once: scipy keeps it
+    row = int(np.argmax(np.diff(A.indptr)))
+    A.indices[A.indptr[row] + 1] = A.indices[A.indptr[row]]   # a duplicate, flag stale
+    assert A.has_canonical_format
+    op = psc.SpMV(A, format="bccoo", dtype=np.float64, device=device, **params)
+    x = rng.standard_normal(30)
+    check_against_scipy(op.matvec(x, out=poisoned(30, np.float64)), A, x, np.float64)
+    new = rng.standard_normal(A.nnz)
+    op.update_values(new)
+    B = sp.csr_matrix((new, A.indices, A.indptr), shape=A.shape)
+    check_against_scipy(op @ x, B, x, np.float64)

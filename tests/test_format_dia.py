@@ -286,3 +286,21 @@ def test_no_limit_is_inf_and_round_trips(device, rng):
     for bad in (0, 2.5, "3", True):
         with pytest.raises(ValueError, match="max_diagonals"):
             psc.SpMV(A, format="dia", device=device, max_diagonals=bad)
+
+
+def test_a_stale_canonical_flag_keeps_duplicates(device, rng):
+    """scipy caches has_canonical_format; an edit of indices in place afterwards leaves
+    it True over a duplicate, which dia took on trust (it lost the duplicate, and
+    update_values then raised pyopencl's INVALID_VALUE: a test drive)."""
+    skip_without_fp64(device, np.float64)
+    A = band(rng, 40, 2)
+    assert A.has_canonical_format   # read once: scipy keeps it
+    A.indices[A.indptr[5] + 1] = A.indices[A.indptr[5]]   # a duplicate, flag stale
+    assert A.has_canonical_format
+    op = psc.SpMV(A, format="dia", dtype=np.float64, device=device)
+    x = rng.standard_normal(40)
+    check_against_scipy(op.matvec(x, out=poisoned(40, np.float64)), A, x, np.float64)
+    new = rng.standard_normal(A.nnz)
+    op.update_values(new)
+    B = sp.csr_matrix((new, A.indices, A.indptr), shape=A.shape)
+    check_against_scipy(op @ x, B, x, np.float64)

@@ -147,3 +147,23 @@ def test_min_max_matches_numpy(monkeypatch, parallel_min):
         values = rng.integers(-10**6, 10**6, size=n).astype(np.int32)
         for arr in (values, values[::3]):
             assert host_arrays.min_max(arr) == (arr.min(), arr.max())
+
+
+def test_has_canonical_format_checks_the_arrays(rng):
+    """Against a row-by-row check: sorted rows, a duplicate, an unsorted row, empty
+    rows at the ends, and a row start at a drop."""
+    import scipy.sparse as sp
+
+    from pyspmv_cl.host_arrays import has_canonical_format
+    for trial in range(40):
+        A = sp.random(12, 9, density=0.3, format="csr", random_state=trial)
+        A.sort_indices()
+        if trial % 4 == 1 and A.nnz > 2:
+            k = int(rng.integers(1, A.nnz))
+            A.indices[k] = A.indices[k - 1]   # a duplicate, or a drop at a row start
+        elif trial % 4 == 2 and A.nnz > 2:
+            A.indices[:] = A.indices[::-1]
+        rows = zip(A.indptr[:-1], A.indptr[1:])
+        want = all(np.all(np.diff(A.indices[a:b]) > 0) for a, b in rows)
+        assert has_canonical_format(A) == want, trial
+    assert has_canonical_format(sp.csr_matrix((3, 3)))

@@ -60,7 +60,7 @@ def _duplicate_rank(csr, rows, cols):
     """0 for the first copy of each (row, column), 1 for the second, ...: copies go to
     different blocks, since scipy multiplies them one by one (a*Inf + b*Inf with a > 0 >
     b is NaN, (a+b)*Inf is not)."""
-    if csr.nnz == 0 or csr.has_canonical_format:
+    if csr.nnz == 0 or host_arrays.has_canonical_format(csr):   # (not scipy's flag)
         return None
     key = rows * max(1, csr.shape[1]) + cols
     order = np.argsort(key, kind="stable")

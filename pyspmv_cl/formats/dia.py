@@ -79,8 +79,9 @@ def dia_diagonals(csr):
     rows = host_arrays.entry_rows(csr.indptr)
     cols = csr.indices.astype(np.int64)
     offset = cols - rows
-    # scipy's canonical flag (no duplicates) spares the sort that ranks them.
-    rank = None if csr.nnz < 2 or csr.has_canonical_format else \
+    # Sorted rows without duplicates (checked: scipy's flag may be stale) spare the
+    # sort that ranks duplicates.
+    rank = None if host_arrays.has_canonical_format(csr) else \
         _duplicate_rank(rows, cols, n)
     if rank is None:
         if dia_device.fits(csr.shape, csr.nnz):   # a count over every diagonal is small
