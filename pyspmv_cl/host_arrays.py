@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import scipy.sparse as sp
 
 #: Output entries per piece: about 2-4 ms of np.repeat on the hosts measured.
 PIECE = 1 << 20
@@ -91,6 +92,15 @@ def entry_rows(indptr, dtype=np.int64) -> np.ndarray:
         return (np.searchsorted(indptr, np.arange(nnz), side="right") - 1).astype(
             dtype, copy=False)
     return repeat(np.arange(n_rows, dtype=dtype), np.diff(indptr), dtype)
+
+
+def bare_csr(shape, data, indices, indptr) -> sp.csr_matrix:
+    """A scipy ``csr_matrix`` on these arrays as they are: no checks and no copies (the
+    caller checks them), of any value type (scipy's constructors refuse float16, which
+    its arrays hold: its dtype is the data's)."""
+    csr = sp.csr_matrix(tuple(shape), dtype=np.float64)
+    csr.data, csr.indices, csr.indptr = data, indices, indptr
+    return csr
 
 
 def has_canonical_format(csr) -> bool:

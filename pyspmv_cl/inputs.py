@@ -4,6 +4,7 @@ anything reaches a device where a bad index would read out of bounds."""
 
 import numpy as np
 import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 
 from .errors import (
     DeviceCapabilityError,
@@ -11,7 +12,7 @@ from .errors import (
     InvalidTypeError,
     UnsupportedDtypeError,
 )
-from .host_arrays import map_pieces, min_max
+from .host_arrays import bare_csr, map_pieces, min_max
 
 REAL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
@@ -54,12 +55,15 @@ def _csr_from_triple(A, shape):
         raise InvalidTypeError("a CSR triple must be (data, indices, indptr)")
     data, indices, indptr = (np.asarray(a) for a in A)
     rows, cols = check_triple(data, indices, indptr, shape)
-    if indptr.dtype == np.uint64:   # row lengths must come out signed (features' sums);
-        indptr = indptr.astype(np.int64)   # a wrapped value fails validate_csr's order
-    # Build without scipy's own checks; validate_csr below checks everything vectorised.
-    csr = sp.csr_matrix((rows, cols), dtype=data.dtype if data.size else np.float64)
-    csr.data, csr.indices, csr.indptr = data, indices, indptr
-    return csr
+    # Signed indices: row lengths and keys computed from them must come out signed
+    # (uint64 with int64 makes float64); a wrapped value fails validate_csr's checks.
+    if indptr.dtype == np.uint64:
+        indptr = indptr.astype(np.int64)
+    if indices.dtype == np.uint64:
+        indices = indices.astype(np.int64)
+    # Built without scipy's own checks (validate_csr below checks everything vectorised)
+    # nor its value types: float16 values compute as the README says.
+    return bare_csr((rows, cols), data, indices, indptr)
 
 
 def check_shape(shape):
@@ -105,10 +109,12 @@ def as_host_csr(A, shape=None):
     elif isinstance(A, tuple):
         csr = _csr_from_triple(A, shape)
     else:
+        advice = ("a LinearOperator holds no entries to convert: give the sparse matrix "
+                  "it wraps" if isinstance(A, spla.LinearOperator)
+                  else "convert dense data with scipy.sparse.csr_matrix first")
         raise InvalidTypeError(
             f"expected a scipy.sparse matrix or array, or (data, indices, indptr) with "
-            f"shape=..., not {type(A).__name__} (convert dense data with "
-            "scipy.sparse.csr_matrix first)")
+            f"shape=..., not {type(A).__name__} ({advice})")
     if csr.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"matrix dtype {csr.dtype} is not numeric")
     validate_csr(csr)

@@ -467,6 +467,14 @@ def test_dense_matrix_refused(cpu_device, make):
         psc.SpMV(make(3), device=cpu_device)
 
 
+def test_a_linear_operator_is_told_to_give_its_matrix(cpu_device):
+    """A LinearOperator gets advice of its own (it was told to convert dense data)."""
+    import scipy.sparse.linalg as spla
+    L = spla.aslinearoperator(sp.eye(3, format="csr"))
+    with pytest.raises(psc.InvalidTypeError, match="give the sparse matrix it wraps"):
+        psc.SpMV(L, device=cpu_device)
+
+
 def test_spmv_one_shot_validates_too(cpu_device):
     with pytest.raises(psc.InvalidTypeError, match="scipy.sparse"):
         psc.spmv(np.eye(3), np.ones(3), device=cpu_device)

@@ -264,10 +264,15 @@ SPARSE_TYPES = {
     "csr_int64_values": lambda A: sp.csr_matrix(np.round(10 * A.toarray()).astype(np.int64)),
     "csr_float32_values": lambda A: A.astype(np.float32),
     "csr_bool_values": lambda A: A.astype(bool),
+    # scipy's constructor takes float16 arrays (not dtype=float16): hyb's split refused
+    "csr_float16_values": lambda A: sp.csr_matrix(
+        (A.data.astype(np.float16), A.indices, A.indptr), shape=A.shape),
 }
+TRIPLES = {"triple": (np.int32, None), "triple_int64": (np.int64, None),
+           "triple_uint64": (np.uint64, None), "triple_float16": (np.int32, np.float16)}
 
 
-@pytest.mark.parametrize("kind", list(SPARSE_TYPES) + ["triple", "triple_int64"])
+@pytest.mark.parametrize("kind", list(SPARSE_TYPES) + list(TRIPLES))
 @with_dtypes
 @with_formats
 def test_input_types(kind, fmt, dtype, device, rng):
@@ -275,13 +280,15 @@ def test_input_types(kind, fmt, dtype, device, rng):
     with shape=, multiply like the CSR matrix they hold."""
     skip_without_fp64(device, dtype)
     base = _base_matrix(rng)
-    if kind.startswith("triple"):
-        itype = np.int64 if kind == "triple_int64" else np.int32
-        A_in = (base.data.copy(), base.indices.astype(itype), base.indptr.astype(itype))
+    if kind in TRIPLES:   # (uint64 indices and float16 values raised scipy's errors)
+        itype, vtype = TRIPLES[kind]
+        data = base.data.astype(vtype) if vtype else base.data.copy()
+        A_in = (data, base.indices.astype(itype), base.indptr.astype(itype))
         op = make_operator(A_in, fmt, dtype=dtype, device=device, shape=base.shape)
         if op is None:
             return
-        A = base
+        A = sp.csr_matrix((data.astype(np.float64), base.indices, base.indptr),
+                          shape=base.shape)
     else:
         A_in = SPARSE_TYPES[kind](base)
         assert sp.issparse(A_in)

@@ -30,8 +30,8 @@ import math
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
-import scipy.sparse as sp
 
+from ..host_arrays import bare_csr
 from . import ell_device
 from . import params as P
 from .base import SpMVFormat, csr_bytes, launch_rows
@@ -94,9 +94,7 @@ def split_csr(csr, width):
                                (position >= width, np.maximum(lengths - width, 0))):
         indptr = np.zeros(m + 1, dtype=csr.indptr.dtype)
         np.cumsum(part_lengths, out=indptr[1:])
-        part = sp.csr_matrix((m, n), dtype=csr.dtype)
-        part.data, part.indices, part.indptr = csr.data[mask], csr.indices[mask], indptr
-        parts.append(part)
+        parts.append(bare_csr((m, n), csr.data[mask], csr.indices[mask], indptr))
     return parts
 
 
