@@ -220,8 +220,9 @@ def get_program(context, device, source, options=()):
         except OSError as exc:
             stats["disk_errors"] += 1
             warn_once(("kernel cache", "dir", str(root)),
-                      f"pyspmv_cl: kernel cache {root} unusable ({exc}); "
-                      "continuing with the in-memory cache only")
+                      f"pyspmv_cl: kernel cache {root} unusable ({exc}); kernels "
+                      "it cannot serve are kept in the in-memory cache only (said once "
+                      "for this folder)")
 
     if program is None:
         program = _build_from_source(context, device, source, options)
@@ -235,7 +236,8 @@ def get_program(context, device, source, options=()):
                 stats["disk_errors"] += 1
                 warn_once(("kernel cache", "dir", str(root)),
                           f"pyspmv_cl: cannot write the kernel cache in {root} ({exc}); "
-                          "continuing with the in-memory cache only")
+                          "kernels it cannot take are kept in the in-memory cache only "
+                          "(said once for this folder)")
 
     with _lock:
         # Keep the context alive with the program so its int_ptr cannot be reused.

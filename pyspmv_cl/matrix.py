@@ -580,6 +580,11 @@ class SpMV:
         row-major blocks (the format's block kernels)."""
         if self._online is not None:
             self._poll_online()
+            if block is not None and not self._impl.has_block_kernels:
+                # Switched here, inside a block product its caller routed to block
+                # kernels, to a format without them: its own path (the block copy, or
+                # column by column), whose products come back here one by one.
+                return self._device_product(x_buf, y_buf, alpha, beta, wait_for, block)
         online = self._online
         if online is not None and online.gates_products:
             with online.product_slot():   # not during a timing burst of the measurement

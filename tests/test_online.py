@@ -252,6 +252,47 @@ def test_operator_switches_to_a_handed_over_candidate_while_measuring(device, rn
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
 
 
+@pytest.mark.parametrize("where", ["host", "device"])
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_a_switch_inside_a_block_product_to_a_format_without_block_kernels(device, where,
+                                                                          rng):
+    """The switch is taken at the launch of a block product routed to the start
+    format's block kernels; a winner without them (coo) runs that product its own way.
+    It raised a bare StopIteration from the block plan (a test drive)."""
+    from pyspmv_cl.formats import FORMATS
+    from pyspmv_cl.formats.base import instantiate
+    from pyspmv_cl.tuning import tuner
+
+    A = matrix()
+    features = psc.tuning.MatrixFeatures.from_csr(A)
+    own = device.on_queue(cl.CommandQueue(device.context))
+
+    def fake_measurement(snapshot, should_stop, offer, exclusive):
+        cls = FORMATS["coo"]
+        impl = instantiate(cls, A, own, DTYPE,
+                           cls.resolve_params(features, device.profile, DTYPE, {}))
+        return tuner.Decision("coo", {}, "fake final", "online", impl=impl)
+
+    op = psc.SpMV(A, device=device)
+    assert op.has_block_kernels and not FORMATS["coo"].block_widths
+    tuning = op.tuning.online
+    tuning._run_measurement = fake_measurement
+    start_now(op)
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)   # starts the measurement
+    assert tuning.wait(60) and tuning.state == "done" and op.format != "coo"
+    X = rng.standard_normal((A.shape[1], 3))
+    if where == "host":
+        Y = op @ X
+    else:
+        Y = op.matmat(cla.to_device(op.queue, X.astype(DTYPE)),
+                      out=cla.to_device(op.queue, np.full((A.shape[0], 3), np.nan,
+                                                          DTYPE))).get()
+    assert op.format == "coo"   # switched inside that product
+    assert_close(Y, reference(A, X), A, X, DTYPE)
+    assert_close(op @ X, reference(A, X), A, X, DTYPE)
+
+
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_online_measure_checks_candidates_against_the_start_format(device, monkeypatch):
     """An online measurement checks candidates against the start format's product (no
