@@ -6,12 +6,32 @@
 ## (coalesced); they write consecutive entries of y.  No local memory, no reduction.
 ## KB is a power of two up to 32; the sums are real_t, so complex values work as in the
 ## one-vector kernels.
+## lane_split = S > 1: S groups of a row's LPR lanes share its entries (group g takes
+## entries g, g + S, ...: neighbouring groups read neighbouring entries), so a long row
+## is S times shorter to walk; the groups' sums meet in local memory, where group 0 adds
+## them in order (deterministic) and writes y.
+<% split = lane_split %>\
 ${c.preamble()}
 #define KB ${block_width}
 
 ${signature("csr_lanes_block")}
 {
+% if split == 1:
 ${c.lanes_row()}
+${c.lane_sums("s")}
+% else:
+<% lpr = block_width // lane_columns %>\
+#define LC ${lane_columns}
+#define LPR ${lpr}
+#define SPLIT ${split}
+    __local real_t shared_sums[${lanes_group} * LC];
+    const long gid = get_global_id(0);
+    const long row = gid >> ${(lpr * split).bit_length() - 1};
+    const long lane = gid & (LPR - 1);
+    const index_t part = (index_t)((gid >> ${lpr.bit_length() - 1}) & (SPLIT - 1));
+    const uint lid = get_local_id(0);
+${c.lane_sums("s")}
+% endif
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];
 % if col_bits == 16:
@@ -29,16 +49,21 @@ ${c.lanes_row()}
 #define WIDE(j) col_wide[(j) + wide_at]
 % endif
         __global const real_t *xl = x + x_col + lane;
+% if split == 1:
         index_t j = row_ptr[row];
+#define STEP 1
+% else:
+        index_t j = row_ptr[row] + part;
+#define STEP SPLIT
+% endif
         // Two entries in turn, each with sums of its own: more loads of x in flight.
-${c.lane_sums("s")}
 ${c.lane_sums("t")}
 <%def name="entries(col)">
-        for (; j + 1 < end; j += 2) {
+        for (; j + STEP < end; j += 2 * STEP) {
             const real_t a = LOADV(j, values);
-            const real_t b = LOADV(j + 1, values);
+            const real_t b = LOADV(j + STEP, values);
             __global const real_t *xa = xl + (long)${col}(j) * ldx;
-            __global const real_t *xb = xl + (long)${col}(j + 1) * ldx;
+            __global const real_t *xb = xl + (long)${col}(j + STEP) * ldx;
 ${c.lane_fma("s", "a", "xa")}
 ${c.lane_fma("t", "b", "xb")}
         }
@@ -58,6 +83,22 @@ ${entries("COLUMN")}
 ${entries("COLUMN")}
 % endif
 ${c.lane_add("s", "t")}
+% if split == 1:
 ${c.store_y_lane("row", "s")}
     }
+% else:
+    }
+% for v in range(lane_columns):
+    shared_sums[lid * LC + ${v}] = s${v};
+% endfor
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (part == 0 && row < n_rows) {
+        for (uint g = 1; g < SPLIT; g++) {
+% for v in range(lane_columns):
+            s${v} += shared_sums[(lid + g * LPR) * LC + ${v}];
+% endfor
+        }
+${c.store_y_lane("row", "s")}
+    }
+% endif
 }

@@ -505,6 +505,13 @@ def main(argv=None):
                                                **params)
                                 KEEP.append(op3)
                                 summary["products"] += block_products(op3, A, dtype, rng)
+                            if other == "lanes" and name == "csr-vector":
+                                # Rows split among 4 groups of lanes (local memory).
+                                op4 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
+                                               block_mapping="lanes", lane_split=4,
+                                               lane_columns=2, **params)
+                                KEEP.append(op4)
+                                summary["products"] += block_products(op4, A, dtype, rng)
                     except Exception:
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))

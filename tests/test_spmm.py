@@ -184,6 +184,14 @@ LANES_CASES = [
     ("ell", {"max_padding": float("inf"), "lane_columns": 1}, "ell_lanes_block",
      np.float32),
     ("sell", {"lane_columns": 8}, "sell_lanes_block", np.float64),
+    # A row's entries split among groups of its lanes (their sums met in local memory),
+    # clipped where a group of 128 holds fewer (k = 32: at most 4 groups of 32 lanes).
+    ("csr-scalar", {"block_mapping": "lanes", "lane_split": 4}, "csr_lanes_block",
+     np.float64),
+    ("csr-vector", {"block_mapping": "lanes", "lane_split": 32, "lane_columns": 2},
+     "csr_lanes_block", np.complex64),
+    ("csr-vector", {"block_mapping": "lanes", "lane_split": 2, "mapping": "rows"},
+     "csr_lanes_block", np.float32),
 ]
 
 
@@ -214,6 +222,11 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
     if "lane_columns" in params:
         assert [op._impl._lane_columns(kb) for kb in (1, 2, 32)] == \
             [1, min(2, params["lane_columns"]), params["lane_columns"]]
+    if "lane_split" in params:   # at most the group's 128 work-items a row
+        for kb in (1, 2, 8, 32):
+            lanes = kb // op._impl._lane_columns(kb)
+            assert op._impl._lane_split(kb) == min(params["lane_split"], 128 // lanes)
+            assert op._impl.block_local_bytes(kb, 128) > 0
 
     def block(k, rows=n):
         X = rng.standard_normal((rows, k))

@@ -8,7 +8,7 @@ from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from ..host_arrays import cast
 from . import params as P
 from .base import SpMVFormat
-from .lanes import LANE_COLUMNS, LanesBlocks
+from .lanes import LANE_COLUMNS, LANE_SPLIT, LanesBlocks
 
 #: row_ptr, col_idx, values as the CSR kernels declare them (values in value_t: the
 #: operator's type, or fewer bits with ``value_bits``, read through LOADV).
@@ -33,7 +33,7 @@ BLOCK_MAPPING = P.Param("block_mapping", P.one_of(*BLOCK_MAPPINGS),
 
 
 #: The block parameters both CSR formats declare.
-BLOCK_PARAMS = (BLOCK_MAPPING, LANE_COLUMNS)
+BLOCK_PARAMS = (BLOCK_MAPPING, LANE_COLUMNS, LANE_SPLIT)
 
 
 def default_block_mapping(profile) -> str:
@@ -54,6 +54,7 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
     # -- block products: the lanes kernel (formats/lanes.py) when block_mapping="lanes"
     lanes_template = "csr_lanes_block.mako"
     lanes_kernel = "csr_lanes_block"
+    lanes_split = True
 
     @property
     def _lanes(self) -> bool:

@@ -31,6 +31,19 @@ LANE_COLUMNS = P.Param("lane_columns", P.optional(P.integer(1, 8, power_of_two=T
                        "4 or 8, at most the block's width; None: by width and format)")
 
 
+#: Declared by the CSR formats: how many groups of a row's lanes share its entries.
+LANE_SPLIT = P.Param("lane_split", P.optional(P.integer(1, 32, power_of_two=True)),
+                     "groups of lanes of the CSR lanes kernel that share a row's entries, "
+                     "each taking every lane_split-th entry, their sums added in local "
+                     "memory (1, 2, 4, ... 32; None: by width and rows)")
+
+
+def lane_split(kb: int, columns: int, mean_row=None, row_spread=None) -> int:
+    """Groups of lanes that share one row's entries (CSR lanes kernels).  1: the row's
+    ``kb / columns`` lanes walk all its entries one after another."""
+    return 1
+
+
 def lane_columns(kb: int, slotted: bool = False, row_spread=None, mean_row=None) -> int:
     """Columns of the block each work-item computes.  Several columns per work-item put
     several rows in a 32-wide warp, so more reads of X's rows are in flight (the
@@ -96,6 +109,8 @@ class LanesBlocks:
     lanes_kernel: str = None
     #: Whether a row's entries lie a stride apart (ell, sell): ``lane_columns``'s rule.
     lanes_slotted: bool = False
+    #: Whether the template splits a row's entries among groups of lanes (``lane_split``).
+    lanes_split: bool = False
 
     @property
     def _lanes(self) -> bool:
@@ -138,11 +153,23 @@ class LanesBlocks:
         return min(kb, fixed) if fixed else lane_columns(
             kb, self.lanes_slotted, self.row_spread, self.mean_row_length)
 
+    def _lane_split(self, kb) -> int:
+        """Groups of lanes sharing a row's entries in the width-``kb`` kernel: the
+        parameter or the rule, at most what a work-group holds of the row's lanes."""
+        if not self.lanes_split:
+            return 1
+        columns = self._lane_columns(kb)
+        fixed = self.params.get("lane_split")
+        split = fixed or lane_split(kb, columns, self.mean_row_length, self.row_spread)
+        return max(1, min(split, self._lanes_group() // (kb // columns)))
+
     def block_template_params(self, kb):
         params = super().block_template_params(kb)
         if not self._lanes:
             return params
-        return {**params, "lane_columns": self._lane_columns(kb)}
+        extra = {"lane_split": self._lane_split(kb), "lanes_group": self._lanes_group()} \
+            if self.lanes_split else {}
+        return {**params, "lane_columns": self._lane_columns(kb), **extra}
 
     def _lanes_group(self) -> int:
         return min(LANES_GROUP, pow2_floor(self.profile.max_work_group_size))
@@ -168,12 +195,17 @@ class LanesBlocks:
         return self.items_block_kernel_specs(kb)
 
     def block_local_bytes(self, kb, work_group_size):
-        return 0 if self._lanes else self.items_block_local_bytes(kb, work_group_size)
+        if self._lanes:   # a split row's sums meet in local memory: one per column
+            split = self._lane_split(kb)
+            return 0 if split == 1 else \
+                self._lanes_group() * self._lane_columns(kb) * self.dtype.itemsize
+        return self.items_block_local_bytes(kb, work_group_size)
 
     def block_launches(self, kb, work_group_size, beta):
         if self._lanes:
             group = self._lanes_group()
-            items = kb // self._lane_columns(kb)   # work-items per row
+            # work-items per row
+            items = kb // self._lane_columns(kb) * self._lane_split(kb)
             groups = max(1, -(-self.shape[0] * items // group))
             return [self.step(self.lanes_kernel, groups * group, group,
                               **self.lanes_values())]
