@@ -16,7 +16,7 @@ import pyopencl as cl
 from . import bench
 from ._version import __version__
 from .bench.generators import DEFAULT_SPECS, GENERATOR_HELP, from_spec
-from .bench.runner import REPORT_WIDTH, clip, params_text
+from .bench.runner import REPORT_WIDTH, clip, clip_left, params_text
 from .device import devices, get_device
 from .errors import PySpMVError
 from .features import MatrixFeatures
@@ -82,6 +82,11 @@ def _cmd_bench(args):
         print("--repeat must be at least 1 and --min-time a finite number of seconds "
               ">= 0", file=sys.stderr)
         return 2
+    for option, value in (("--json", args.json), ("--plot", args.plot)):
+        if value is not None and not value.strip():
+            print(f"pyspmv-cl bench: {option} needs a file name"
+                  + (" (or - for stdout)" if option == "--json" else ""), file=sys.stderr)
+            return 2
     if args.json and args.json != "-":   # before the runs, not after them
         why = _cannot_write(args.json)
         if why:
@@ -114,10 +119,21 @@ def _cmd_bench(args):
         return 2
     if progress:
         progress.close()
-    # The table first: a file that cannot be written (a full disk) loses no results.
+    code = 0
+    payload = json.dumps({"environment": env, "results": results}, indent=1, default=str) \
+        if args.json else None
+    # The file before the table, the table even when the file fails: a full disk or a
+    # closed stdout loses one of them, never both.
+    if args.json and args.json != "-":
+        try:
+            with open(args.json, "w") as fh:
+                fh.write(payload + "\n")
+        except OSError as exc:
+            print(f"pyspmv-cl bench: cannot write --json {args.json}: {exc} (the "
+                  "results are in the table)", file=sys.stderr)
+            code = 1
     if args.json != "-":
         print(bench.format_report(env, results, verbose=args.verbose), flush=True)
-    code = 0
     if args.plot:
         try:
             bench.plot_roofline(env, results, args.plot)
@@ -125,18 +141,8 @@ def _cmd_bench(args):
         except OSError as exc:
             print(f"pyspmv-cl bench: cannot write --plot {args.plot}: {exc}", file=sys.stderr)
             code = 1
-    if args.json:
-        payload = json.dumps({"environment": env, "results": results}, indent=1, default=str)
-        if args.json == "-":
-            print(payload)
-        else:
-            try:
-                with open(args.json, "w") as fh:
-                    fh.write(payload + "\n")
-            except OSError as exc:
-                print(f"pyspmv-cl bench: cannot write --json {args.json}: {exc} (the "
-                      "results are in the table above)", file=sys.stderr)
-                code = 1
+    if args.json == "-":
+        print(payload)
     return code
 
 
@@ -169,9 +175,9 @@ def _cannot_write(path):
 
 def _cmd_tune(args):
     device = get_device(args.device)
-    if args.dtype not in ("default", "float32", "float64", "both"):
-        print(f"unknown dtype {args.dtype!r}: use default, float32, float64 or both",
-              file=sys.stderr)
+    if args.dtype not in ("default", "float32", "float64", "complex64", "complex128", "both"):
+        print(f"unknown dtype {args.dtype!r}: use default, float32, float64, complex64, "
+              "complex128 or both", file=sys.stderr)
         return 2
     if args.budget is not None and not 0 < args.budget < math.inf:   # (NaN too)
         print("--budget must be positive seconds", file=sys.stderr)
@@ -182,6 +188,12 @@ def _cmd_tune(args):
     if args.block_size < 1:
         print("--block-size must be a positive integer", file=sys.stderr)
         return 2
+    if args.budget is None:   # the environment's budget, refused as bench refuses it
+        try:
+            tuner.default_budget(0)
+        except PySpMVError as exc:
+            print(f"pyspmv-cl tune: {exc}", file=sys.stderr)
+            return 2
     jobs = []
     refused = 0   # matrices not tuned: the exit status says so
     for spec in args.matrices:
@@ -190,9 +202,11 @@ def _cmd_tune(args):
         except ValueError as exc:
             print(f"pyspmv-cl tune: {exc}", file=sys.stderr)
             return 2
-        if A.dtype.kind == "c" and args.dtype != "default":   # (a real type drops parts)
-            print(f"pyspmv-cl tune: {name}: a complex matrix is tuned in its own type: "
-                  "leave --dtype at default", file=sys.stderr)
+        if A.dtype.kind == "c" and args.dtype in ("float32", "float64", "both"):
+            # (a real type drops the imaginary parts)
+            print(f"pyspmv-cl tune: {name}: a complex matrix is tuned in a complex type: "
+                  "leave --dtype at default or give complex64 or complex128",
+                  file=sys.stderr)
             refused += 1
             continue
         dtypes = ([np.float32, np.float64] if args.dtype == "both" else
@@ -241,7 +255,9 @@ def _cmd_tune(args):
               "they were kept in this process's memory only", file=sys.stderr)
         refused += 1
     if args.json:
-        print(json.dumps({"device": device.profile.name, "database": str(database_dir()),
+        folder = database_dir()   # (None: PYSPMV_CL_NO_CACHE, memory only)
+        print(json.dumps({"device": device.profile.name,
+                          "database": str(folder) if folder is not None else None,
                           "results": rows}, indent=1, default=str))
         return 1 if refused else 0
     print(f"device: {device.profile.name} ({device.id}); tuning database: "
@@ -254,6 +270,8 @@ def _cmd_tune(args):
         # The parameters are cut to keep the line in 120 columns; -v shows them all.
         params = params_text(r["resolved"], full=True)
         if not args.verbose:
+            # (a long matrix name is cut too, keeping its end: the format and type)
+            head = clip_left(head, REPORT_WIDTH - len(tail) - 1)
             params = clip(params, REPORT_WIDTH - len(head) - len(tail) - 2)
         print(" ".join(t for t in (head, params, tail) if t))
         if args.verbose:
@@ -292,7 +310,8 @@ def build_parser():
                         "'all' or 'none'")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per case (median)")
     p.add_argument("--min-time", type=float, default=0.3,
-                   help="minimum seconds of timed runs per case")
+                   help="seconds of timed runs per case at least, unless 50 x --repeat "
+                        "samples come first")
     p.add_argument("--json", metavar="FILE", help="also write results as JSON ('-': stdout only)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--verbose", "-v", action="store_true",
@@ -348,6 +367,10 @@ _OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE)
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:   # started with stdout closed (>&-): nowhere to put results
+        if sys.stderr is not None:
+            print("pyspmv-cl: cannot write the output: stdout is closed", file=sys.stderr)
+        return 1
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         code = args.func(args)

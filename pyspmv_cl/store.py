@@ -28,8 +28,10 @@ MISSING = object()
 
 
 def disk_off() -> bool:
-    """Whether ``PYSPMV_CL_NO_CACHE`` turns every store on disk off."""
-    return os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    """Whether ``PYSPMV_CL_NO_CACHE`` turns every store on disk off: any value but
+    empty, 0, false, no and off (as ``PYSPMV_CL_CACHE_BINARIES`` reads them)."""
+    return os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("", "0", "false", "no",
+                                                                     "off")
 
 
 def cache_dir():

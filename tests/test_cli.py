@@ -464,8 +464,8 @@ def _fake_select(monkeypatch):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (Linux only)")
 def test_outputs_that_cannot_be_written():
     """bench --json on a full disk printed a traceback, and its table (printed after
-    the JSON) was lost; a full stdout gave a traceback.  Now: the table, then one
-    line and exit 1; one line and exit 1."""
+    the JSON) was lost; a full stdout gave a traceback.  Now: one line and the table,
+    exit 1; one line and exit 1."""
     if not DEVICES:
         pytest.skip("no OpenCL device")
     proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar",
@@ -481,3 +481,106 @@ def test_outputs_that_cannot_be_written():
     assert proc.returncode == 1
     assert "cannot write the output" in proc.stderr and "Traceback" not in proc.stderr
     assert "Exception ignored" not in proc.stderr
+
+
+def _small_bench(*extra):
+    return ["bench", "--quiet", "--formats", "csr-scalar", "--peers", "none", "--dtype",
+            "float32", "--repeat", "2", "--min-time", "0.01", *extra]
+
+
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_bench_outputs_survive_a_closed_or_full_stream(tmp_path):
+    """A test drive's findings: a closed stdout gave an AttributeError traceback; a
+    closed or full stderr (the progress bar's) ended the run without its table; a full
+    stdout lost the --json file, written after the table."""
+    device = ["--device", DEVICES[0].id]
+    cli = f"{sys.executable} -m pyspmv_cl"
+    closed = subprocess.run(["bash", "-c", f"{cli} devices >&-"], capture_output=True,
+                            text=True, timeout=300, cwd=tempfile.gettempdir())
+    assert closed.returncode == 1 and "Traceback" not in closed.stderr
+    assert "cannot write the output: stdout is closed" in closed.stderr
+    args = " ".join(_small_bench(*device, "poisson2d:10")).replace("--quiet ", "")
+    for redirect in ("2>&-", "2>/dev/full"):
+        proc = subprocess.run(["bash", "-c", f"{cli} {args} {redirect}"],
+                              capture_output=True, text=True, timeout=300,
+                              cwd=tempfile.gettempdir())
+        assert proc.returncode == 0 and "poisson2d-10 float32" in proc.stdout, redirect
+    saved = tmp_path / "r.json"
+    proc = subprocess.run(["bash", "-c", f"{cli} {args} --json {saved} >/dev/full"],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=tempfile.gettempdir())
+    assert proc.returncode == 1 and "cannot write the output" in proc.stderr
+    assert json.loads(saved.read_text())["results"][0]["matrix"] == "poisson2d-10"
+
+
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_bench_labels_files_of_one_name_apart_and_counts_complex_flops(tmp_path):
+    """Two files named m.mtx got one label (their rows under one heading); the summary's
+    GFLOP/s counted 2 per non-zero for complex values where the table counts 8."""
+    import scipy.io
+    import scipy.sparse as sp
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    scipy.io.mmwrite(str(tmp_path / "a" / "m.mtx"), sp.random(6, 6, density=0.5,
+                                                              random_state=1))
+    scipy.io.mmwrite(str(tmp_path / "b" / "m.mtx"), sp.random(4, 9, density=0.4,
+                                                              random_state=2))
+    proc = run_cli(*_small_bench("--device", DEVICES[0].id, "--json", "-",
+                                 str(tmp_path / "a" / "m.mtx"), str(tmp_path / "b" / "m.mtx")))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    labels = [r["matrix"] for r in json.loads(proc.stdout)["results"]]
+    assert len(set(labels)) == 2 and labels[0] == "m", labels
+    proc = run_cli("bench", "--quiet", "--device", DEVICES[0].id, "--formats", "csr-scalar",
+                   "--peers", "none", "--dtype", "complex64", "--repeat", "2",
+                   "--min-time", "0.01", "poisson2d:20")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = re.search(r"^  csr-scalar +([0-9.]+)", proc.stdout, re.M).group(1)
+    summary = re.search(r"^  complex64 +csr-scalar +([0-9.]+)", proc.stdout, re.M).group(1)
+    assert table == summary, proc.stdout
+
+
+def test_bench_refuses_what_it_cannot_build_or_write(tmp_path):
+    """An integer past int64 in a file (an OverflowError traceback), copies that would
+    not fit in memory (the process grew until the kernel killed it), and an empty
+    --json or --plot name (ignored): one line each, exit status 2."""
+    big = tmp_path / "big.mtx"
+    big.write_text("%%MatrixMarket matrix coordinate integer general\n2 2 2\n"
+                   "1 1 99999999999999999999999\n2 2 1\n")
+    for args, text in (([str(big)], "cannot read it"),
+                       (["poisson2d:2*100000000"], "too large"),
+                       (["--json", "", "poisson2d:5"], "--json needs a file name"),
+                       (["--plot", " ", "poisson2d:5"], "--plot needs a file name")):
+        proc = run_cli(*_small_bench(*args))
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_tune_takes_complex_types_and_reports_no_database_as_null(tmp_path, monkeypatch,
+                                                                  capsys):
+    """tune --dtype complex64 (refused before: only the default, complex128, could be
+    stored); --json says "database": null without a disk store (it said "None")."""
+    import scipy.io
+    import scipy.sparse as sp
+
+    from pyspmv_cl import cli
+    asked = _fake_select(monkeypatch)
+    path = tmp_path / "c.mtx"
+    scipy.io.mmwrite(str(path), sp.random(20, 20, density=0.2, random_state=0) * (1 + 1j))
+    argv = ["tune", "--device", DEVICES[0].id, "--quiet"]
+    assert cli.main([*argv, "--dtype", "complex64", str(path)]) == 0
+    assert cli.main([*argv, "--dtype", "complex128", "poisson2d:5"]) == 0
+    assert [d.name for d in asked] == ["complex64", "complex128"]
+    capsys.readouterr()
+    monkeypatch.setenv("PYSPMV_CL_NO_CACHE", "1")
+    assert cli.main([*argv, "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["database"] is None
+
+
+def test_no_cache_off_means_not_set(monkeypatch):
+    """PYSPMV_CL_NO_CACHE=off turned the disk stores off (0, false and no did not)."""
+    from pyspmv_cl import store
+    for value, off in (("off", False), ("OFF", False), ("0", False), ("", False),
+                       ("1", True), ("yes", True)):
+        monkeypatch.setenv("PYSPMV_CL_NO_CACHE", value)
+        assert store.disk_off() is off, value

@@ -347,6 +347,28 @@ _READ_BYTES_PER_ENTRY = 48
 _READ_BYTES_PER_ROW = 24
 
 
+def _physical_memory():
+    """The machine's memory in bytes, or None where it cannot be asked."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):   # not a POSIX system
+        return None
+
+
+def _check_copies_fit(A, copies) -> None:
+    """Refuse ``SPEC*K`` whose block-diagonal copy needs more memory than the machine
+    has (its arrays grow until the kernel kills the process, without a MemoryError)."""
+    rows = A.shape[0] * copies
+    entries = A.nnz * copies
+    # The result's values and 64-bit indices, and as much again while it is built.
+    need = 2 * (entries * (A.data.itemsize + 8) + 8 * (rows + 1))
+    have = _physical_memory()
+    if have is not None and need > have:
+        raise MemoryError(f"{copies} copies of {A.shape[0]} x {A.shape[1]} with {A.nnz} "
+                          f"non-zeros need about {need / 2**30:.1f} GiB, more than this "
+                          f"machine's {have / 2**30:.1f} GiB")
+
+
 def _check_fits(info) -> None:
     """Refuse a file whose header asks for more memory than the machine has (a header of
     3e9 rows got the process killed by the kernel, with no message: Linux grants the
@@ -355,11 +377,8 @@ def _check_fits(info) -> None:
     copies = 1 if symmetry == "general" else 2
     need = _READ_BYTES_PER_ROW * (int(rows) + 1) + \
         _READ_BYTES_PER_ENTRY * copies * int(entries)
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):   # not a POSIX system: no check
-        return
-    if need > have:
+    have = _physical_memory()
+    if have is not None and need > have:
         raise MemoryError(f"{rows} x {cols} with {entries} entries needs about "
                           f"{need / 2**30:.1f} GiB, more than this machine's "
                           f"{have / 2**30:.1f} GiB")
@@ -429,7 +448,8 @@ def from_spec(spec: str) -> tuple[str, sp.csr_matrix]:
         why = f" ({exc})" if str(exc) else ""
         raise ValueError(f"{spec!r}: too large to build in this machine's memory{why}") \
             from None
-    except (OSError, EOFError, zlib.error) as exc:
+    except (OSError, EOFError, zlib.error, OverflowError) as exc:
+        # (OverflowError: scipy's reader on an integer value past int64)
         raise ValueError(f"{spec!r}: cannot read it ({type(exc).__name__}: {exc})") from None
     except ValueError as exc:
         if str(spec) in str(exc):   # (already named)
@@ -489,6 +509,7 @@ def _from_spec(spec):
         name = "-".join([gen_name] + values)
 
     if copies > 1:
+        _check_copies_fit(A, copies)
         A = block_diagonal(A, copies)
         name = f"{name}x{copies}"
     return name, A

@@ -352,7 +352,9 @@ def available_peers(include: Iterable[str] | None = None) -> list[Peer]:
         wanted = {_ALIASES.get(name, name) for name in include}
         unknown = wanted.difference(PEER_NAMES)
         if unknown:
-            raise ValueError(f"unknown peers {sorted(unknown)}; known: {', '.join(PEER_NAMES)}")
+            raise ValueError(f"unknown peers {sorted(unknown)}; known: "
+                             f"{', '.join(PEER_NAMES)} (torch for torch-csr, cupy for "
+                             "cupy-csr)")
     peers = []
     for name in PEER_NAMES:
         if name not in wanted:

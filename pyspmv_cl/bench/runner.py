@@ -90,9 +90,13 @@ def relative_error(y, y_ref, A64, x64):
     return float(np.max(diff) / scale) if scale > 0 else float(np.max(diff))
 
 
+def flops_per_product(nnz, dtype) -> float:
+    """Real operations of one product: a multiply-add per non-zero, 8 for complex."""
+    return (8.0 if np.dtype(dtype).kind == "c" else 2.0) * nnz
+
+
 def _record(name, csr, dtype, impl, seconds, copy_gbps, rel_err, **extra):
-    # a complex multiply-add is 8 real operations
-    flops = (8.0 if np.dtype(dtype).kind == "c" else 2.0) * csr.nnz
+    flops = flops_per_product(csr.nnz, dtype)
     gbps = min_bytes(csr, dtype) / seconds / 1e9
     row = {"matrix": name, "rows": csr.shape[0], "cols": csr.shape[1], "nnz": int(csr.nnz),
            "dtype": np.dtype(dtype).name, "impl": impl, "seconds": seconds,
@@ -285,10 +289,14 @@ def run(specs, device, formats, dtypes, peer_names=None, *, repeats=30, min_time
     copy_gbps = copy_bandwidth(device)
     env = environment(device, copy_gbps, [p.name for p in peers], skipped)
     results = []
+    seen = set()   # the matrices' labels so far
     for spec in specs:
         if progress:
             progress(f"building {spec}")
         name, A = from_spec(spec)
+        if name in seen:   # two files of one name: the spec as given tells them apart
+            name = spec if spec not in seen else f"{spec} #{len(seen) + 1}"
+        seen.add(name)
         if not A.nnz or 0 in A.shape:   # nothing to time (and no rate to average)
             results.append({"matrix": name, "impl": "-",
                             "error": f"{A.shape[0]}x{A.shape[1]} with {A.nnz} non-zeros "
@@ -362,6 +370,14 @@ def clip(text, width):
     if width is None or len(text) <= width:
         return text
     return text[:max(0, width - 3)] + "..."
+
+
+def clip_left(text, width):
+    """``text`` cut to ``width`` characters at its start, beginning with '...' when cut
+    (what ends it, such as a format after a long matrix name, stays)."""
+    if width is None or len(text) <= width:
+        return text
+    return "..." + text[len(text) - max(0, width - 3):]
 
 
 def params_text(params, full=False):
@@ -517,7 +533,7 @@ def _summary(results):
         for impl in ours:
             for m, t in by_impl[impl].items():
                 best[m] = min(best.get(m, math.inf), t)
-        flops = {r["matrix"]: 2.0 * r["nnz"] for r in rows}
+        flops = {r["matrix"]: flops_per_product(r["nnz"], dtype) for r in rows}
         for impl, times in by_impl.items():
             g = math.exp(sum(math.log(flops[m] / t / 1e9) for m, t in times.items()) / len(times))
             table.append([dtype, impl, f"{g:.2f}", str(len(times))])
@@ -566,7 +582,7 @@ class ProgressBar:
     def __init__(self, total=None, stream=None, width=24):
         self.total = total
         self.done = 0
-        self.stream = stream or sys.stderr
+        self.stream = stream or sys.stderr   # (None: stderr closed; nothing shown)
         self.width = width
         self.start = time.perf_counter()
         try:
@@ -599,21 +615,30 @@ class ProgressBar:
             # A line wider than the terminal would wrap, and '\r' would not redraw it.
             line = clip(line, shutil.get_terminal_size().columns - 1)
             pad = max(0, self._last_len - len(line))
-            self.stream.write("\r" + line + " " * pad)
+            self._write("\r" + line + " " * pad)
             self._last_len = len(line)
         else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+            self._write(line + "\n")
 
     def close(self, message="done"):
         self.done = self.total or self.done
         line = self.render(message)
         if self.tty:
             line = clip(line, shutil.get_terminal_size().columns - 1)
-            self.stream.write("\r" + line + " " * max(0, self._last_len - len(line)) + "\n")
+            self._write("\r" + line + " " * max(0, self._last_len - len(line)) + "\n")
         else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+            self._write(line + "\n")
+
+    def _write(self, text):
+        """The first write that fails (a full, closed or missing stderr) turns the bar
+        off: it only shows a run, which must go on and print its results."""
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError, AttributeError):
+            self.stream = None
 
 
 def stderr_progress(total=None):
