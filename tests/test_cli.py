@@ -359,7 +359,7 @@ def test_bench_skips_matrices_with_nothing_to_time(tmp_path):
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
-def test_bench_times_a_complex_matrix_in_complex_types(tmp_path):
+def test_bench_times_a_complex_matrix_in_complex_types(tmp_path, capsys):
     """A complex .mtx is timed in the complex type of each precision asked for (it was
     skipped), its error against scipy in complex128; a real matrix takes a complex
     --dtype too."""
@@ -369,11 +369,11 @@ def test_bench_times_a_complex_matrix_in_complex_types(tmp_path):
     path = tmp_path / "complex.mtx"
     scipy.io.mmwrite(str(path), A + 1j * sp.random(300, 300, density=0.03, random_state=2))
     dtypes = "float32,float64" if DEVICES[0].profile.fp64 else "float32"
-    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar,coo",
-                   "--peers", "scipy", "--dtype", dtypes, "--repeat", "2", "--min-time",
-                   "0.01", "--quiet", "--json", "-", str(path))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(proc.stdout)["results"]
+    from pyspmv_cl.cli import main
+    assert main(["bench", "--device", DEVICES[0].id, "--formats", "csr-scalar,coo",
+                 "--peers", "scipy", "--dtype", dtypes, "--repeat", "2", "--min-time",
+                 "0.01", "--quiet", "--json", "-", str(path)]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
     want = {"complex64", "complex128"} if DEVICES[0].profile.fp64 else {"complex64"}
     assert {r["dtype"] for r in rows} == want, rows
     assert {r["impl"] for r in rows} == {"csr-scalar", "coo", "scipy"}
@@ -381,11 +381,10 @@ def test_bench_times_a_complex_matrix_in_complex_types(tmp_path):
         assert "error" not in r, r
         assert 0 <= r["rel_err"] < (1e-5 if r["dtype"] == "complex64" else 1e-12), r
         assert r["gflops"] == pytest.approx(8 * r["nnz"] / r["seconds"] / 1e9)
-    proc = run_cli("bench", "--device", DEVICES[0].id, "--formats", "csr-scalar",
-                   "--peers", "none", "--dtype", "complex64", "--repeat", "2",
-                   "--min-time", "0.01", "--quiet", "--json", "-", "poisson2d:10")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = json.loads(proc.stdout)["results"]
+    assert main(["bench", "--device", DEVICES[0].id, "--formats", "csr-scalar",
+                 "--peers", "none", "--dtype", "complex64", "--repeat", "2",
+                 "--min-time", "0.01", "--quiet", "--json", "-", "poisson2d:10"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["results"]
     assert row["dtype"] == "complex64" and 0 <= row["rel_err"] < 1e-5, row
 
 
@@ -514,7 +513,7 @@ def test_bench_outputs_survive_a_closed_or_full_stream(tmp_path):
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
-def test_bench_labels_files_of_one_name_apart_and_counts_complex_flops(tmp_path):
+def test_bench_labels_files_of_one_name_apart_and_counts_complex_flops(tmp_path, capsys):
     """Two files named m.mtx got one label (their rows under one heading); the summary's
     GFLOP/s counted 2 per non-zero for complex values where the table counts 8."""
     import scipy.io
@@ -525,34 +524,36 @@ def test_bench_labels_files_of_one_name_apart_and_counts_complex_flops(tmp_path)
                                                               random_state=1))
     scipy.io.mmwrite(str(tmp_path / "b" / "m.mtx"), sp.random(4, 9, density=0.4,
                                                               random_state=2))
-    proc = run_cli(*_small_bench("--device", DEVICES[0].id, "--json", "-",
-                                 str(tmp_path / "a" / "m.mtx"), str(tmp_path / "b" / "m.mtx")))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    labels = [r["matrix"] for r in json.loads(proc.stdout)["results"]]
+    from pyspmv_cl.cli import main
+    assert main(_small_bench("--device", DEVICES[0].id, "--json", "-",
+                             str(tmp_path / "a" / "m.mtx"), str(tmp_path / "b" / "m.mtx"))) == 0
+    labels = [r["matrix"] for r in json.loads(capsys.readouterr().out)["results"]]
     assert len(set(labels)) == 2 and labels[0] == "m", labels
-    proc = run_cli("bench", "--quiet", "--device", DEVICES[0].id, "--formats", "csr-scalar",
-                   "--peers", "none", "--dtype", "complex64", "--repeat", "2",
-                   "--min-time", "0.01", "poisson2d:20")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    table = re.search(r"^  csr-scalar +([0-9.]+)", proc.stdout, re.M).group(1)
-    summary = re.search(r"^  complex64 +csr-scalar +([0-9.]+)", proc.stdout, re.M).group(1)
-    assert table == summary, proc.stdout
+    assert main(["bench", "--quiet", "--device", DEVICES[0].id, "--formats", "csr-scalar",
+                 "--peers", "none", "--dtype", "complex64", "--repeat", "2",
+                 "--min-time", "0.01", "poisson2d:20"]) == 0
+    out = capsys.readouterr().out
+    table = re.search(r"^  csr-scalar +([0-9.]+)", out, re.M).group(1)
+    summary = re.search(r"^  complex64 +csr-scalar +([0-9.]+)", out, re.M).group(1)
+    assert table == summary, out
 
 
-def test_bench_refuses_what_it_cannot_build_or_write(tmp_path):
+def test_bench_refuses_what_it_cannot_build_or_write(tmp_path, capsys):
     """An integer past int64 in a file (an OverflowError traceback), copies that would
     not fit in memory (the process grew until the kernel killed it), and an empty
     --json or --plot name (ignored): one line each, exit status 2."""
     big = tmp_path / "big.mtx"
     big.write_text("%%MatrixMarket matrix coordinate integer general\n2 2 2\n"
                    "1 1 99999999999999999999999\n2 2 1\n")
+    from pyspmv_cl.bench import generators
+    from pyspmv_cl.cli import main
     for args, text in (([str(big)], "cannot read it"),
-                       (["poisson2d:2*100000000"], "too large"),
                        (["--json", "", "poisson2d:5"], "--json needs a file name"),
                        (["--plot", " ", "poisson2d:5"], "--plot needs a file name")):
-        proc = run_cli(*_small_bench(*args))
-        assert proc.returncode == 2, (args, proc.stderr[-2000:])
-        assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert main(_small_bench(*args)) == 2, args
+        assert text in capsys.readouterr().err
+    with pytest.raises(ValueError, match="too large"):   # before any copy is made
+        generators.from_spec("poisson2d:2*100000000")
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
