@@ -317,3 +317,15 @@ def read_back(op, types=None, sizes=None):
         cl.enqueue_copy(op.queue, host, buf)
         out[name] = host[:(sizes or {}).get(name, host.size)]
     return out
+
+
+def check_then_update(op, A, rng):
+    """op @ x against scipy (float64, NaN-poisoned out), then new values through
+    update_values and the product again."""
+    m, n = A.shape
+    x = rng.standard_normal(n)
+    check_against_scipy(op.matvec(x, out=np.full(m, np.nan, op.dtype)), A, x, op.dtype)
+    new = rng.standard_normal(A.nnz)
+    op.update_values(new)
+    B = sp.csr_matrix((new, A.indices, A.indptr), shape=A.shape)
+    check_against_scipy(op @ x, B, x, op.dtype)
