@@ -115,7 +115,13 @@ def misuse_case(band):
             ("cg_tol_nan", lambda: psd.cg(op, np.ones(n), tol=float("nan"))),
             ("cg_maxiter_differs", lambda: psd.cg(op, np.ones(n), maxiter=5 + rank)),
             ("from_global_bad_root", lambda: psd.SpMV.from_global(None, comm,
-                                                                  root=size + 2))]:
+                                                                  root=size + 2)),
+            # (a sparse or None x and a host out with a device x: the single-device
+            # operator's InvalidTypeError, not "must hold numbers, not object")
+            ("matvec_sparse_x", lambda: op.matvec(sp.csr_matrix(np.ones((n, 1))))),
+            ("matvec_none_x", lambda: op.matvec(None)),
+            ("matvec_device_x_host_out", lambda: op.matvec(
+                cla.to_device(op.queue, np.ones(n)), out=np.ones(n)))]:
         try:
             call()
             outcomes[name] = None
@@ -126,9 +132,17 @@ def misuse_case(band):
     op.free()
     op32.free()
     op32.free()   # a second free does nothing
+    # Never transposed before its free: the reverse exchange's buffers were made on
+    # the freed communicator (an AttributeError), and cg called MPI on it.
+    fresh = psd.SpMV.from_global(band if rank == 0 else None, comm, dtype=np.float64,
+                                 **FAST)
+    fresh.free()
     for name, call in [("matvec_after_free", lambda: op.matvec(np.ones(n))),
                        ("rmatvec_after_free", lambda: op.rmatvec(np.ones(n))),
-                       ("gather_after_free", lambda: op.gather(np.ones(n)))]:
+                       ("gather_after_free", lambda: op.gather(np.ones(n))),
+                       ("fresh_T_after_free", lambda: fresh.T @ np.ones(n)),
+                       ("cg_after_free", lambda: psd.cg(fresh, np.ones(n))),
+                       ("cg_T_after_free", lambda: psd.cg(fresh.T, np.ones(n)))]:
         try:
             call()
             outcomes[name] = None
@@ -230,6 +244,22 @@ def cg_case():
             result[str(M)].update(x_one_rank=x1.tolist(), info_one_rank=info1,
                                   iterations_one_rank=one.cg_stats["iterations"])
         one.free()
+    # A rank owning no rows (rank 0): cg and a device product into out.  An empty
+    # pyopencl array has no buffer: the in-place check raised AttributeError on that
+    # rank, and the others waited in cg.
+    offsets = [0] + list(psd.plan.even_offsets(A.shape[0], size - 1))
+    empty = psd.SpMV.from_global(A if rank == 0 else None, comm, dtype=np.float64,
+                                 partition=offsets, **FAST)
+    r0, r1 = empty.row_range
+    x_e, info_e = psd.cg(empty, b[r0:r1], tol=1e-10, maxiter=500)
+    xs_e = gather(x_e)
+    y_e = cla.empty(empty.queue, r1 - r0, np.float64)
+    empty.matvec(cla.to_device(empty.queue, b[r0:r1]), out=y_e)
+    ys_e = gather(y_e.get())
+    empty.free()
+    if rank == 0:
+        result["empty_rank"] = {"info": info_e, "x": xs_e.tolist(), "Ab": ys_e.tolist(),
+                                "rows_on_rank0": r1 - r0}
         # Not positive definite: a breakdown (p.Ap <= 0) gives info -1, as documented.
         d = np.where(np.arange(20) % 2, 1.0, -1.0)
         bad = psd.SpMV(sp.diags(d).tocsr(), MPI.COMM_SELF, row_start=0, shape=(20, 20),

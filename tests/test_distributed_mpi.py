@@ -233,6 +233,12 @@ def test_misuse_refused_with_clear_errors(mpi_run):
                 "matvec_after_free": ("InvalidInputError", "was freed"),
                 "rmatvec_after_free": ("InvalidInputError", "was freed"),
                 "gather_after_free": ("InvalidInputError", "was freed"),
+                "fresh_T_after_free": ("InvalidInputError", "was freed"),
+                "cg_after_free": ("InvalidInputError", "was freed"),
+                "cg_T_after_free": ("InvalidInputError", "was freed"),
+                "matvec_sparse_x": ("InvalidTypeError", "x_local must be a dense vector"),
+                "matvec_none_x": ("InvalidTypeError", "x_local must be a dense vector"),
+                "matvec_device_x_host_out": ("InvalidTypeError", "out must be a pyopencl"),
                 "cg_complex_b": ("DistributedInputError", "b_local is complex"),
                 "matvec_alpha_string": ("InvalidTypeError", "alpha must be a real number"),
                 "matvec_complex_x": ("UnsupportedDtypeError",
@@ -262,6 +268,10 @@ def test_cg_converges_to_scipy_and_one_rank(mpi_run, M):
         assert np.abs(np.array(res[key]) - exact).max() <= 1e-8 * scale, key
     assert np.abs(np.array(res["x"]) - np.array(res["x_one_rank"])).max() <= 1e-9 * scale
     assert abs(res["iterations"] - res["iterations_one_rank"]) <= 2
+    empty = summary["cg"]["empty_rank"]   # rank 0 owns no rows
+    assert empty["rows_on_rank0"] == 0 and empty["info"] == 0
+    assert np.abs(np.array(empty["x"]) - exact).max() <= 1e-8 * scale
+    assert np.allclose(empty["Ab"], A @ b, rtol=1e-12, atol=1e-12)
     x_sp, info = spla.cg(A, b, rtol=1e-10, maxiter=500) if _has_rtol() else \
         spla.cg(A, b, tol=1e-10, maxiter=500)
     assert info == 0 and np.abs(np.array(res["x"]) - x_sp).max() <= 1e-8 * scale

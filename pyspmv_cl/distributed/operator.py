@@ -513,6 +513,9 @@ class SpMV:
     def _host_operand(self, v, out, name, size, result_size, where):
         """Check a numpy operand (``size`` owned entries, ``where`` says which) and its
         ``out``; returns the operand as an array and the result's shape."""
+        if v is None or sp.issparse(v):   # (numpy would make an object array of it)
+            raise InvalidTypeError(f"{name}_local must be a dense vector (numpy or a "
+                                   f"pyopencl array), not {type(v).__name__}")
         v = np.asarray(v)
         _check_real_operand(v.dtype, name)
         if v.shape not in ((size,), (size, 1)):
@@ -550,8 +553,11 @@ class SpMV:
             v = v.astype(self.dtype)
         if out is None:
             out = cla.empty(self.queue, result_size, self.dtype)
-        elif (not isinstance(out, cla.Array) or out.size != result_size
-              or out.dtype != self.dtype):
+        elif not isinstance(out, cla.Array):   # a host out with a device operand
+            raise InvalidTypeError(f"with a device {name}, out must be a pyopencl array "
+                                   f"of {result_size} {self.dtype} values, not "
+                                   f"{type(out).__name__}")
+        elif out.size != result_size or out.dtype != self.dtype:
             raise InvalidInputError(f"with a device {name}, out must be a pyopencl array "
                                     f"of {result_size} {self.dtype} values")
         return v, out
@@ -779,6 +785,7 @@ class SpMV:
         block's kernels), ``hidden`` (their overlap), ``unpack`` (adding what came in,
         the result's copy to the host included) and ``total``.
         """
+        self._check_live()   # (before the reverse exchange's buffers are made)
         if self._rrequests is None:
             self._rbuffers()
         return self._refusable(self._rmatvec, self._rrequests, self._rflag_out,
@@ -1040,11 +1047,14 @@ def _check_real_operand(dtype, name):
 
 
 def _shares_buffer(a, b):
-    """Whether two pyopencl arrays lie in one buffer (or one's sub-buffer)."""
+    """Whether two pyopencl arrays lie in one buffer (or one's sub-buffer); an empty
+    array has none (pyopencl gives it no buffer: a rank owning no rows)."""
     def root(arr):
         buf = arr.base_data
         parent = buf.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT)
         return (parent or buf).int_ptr
+    if a.base_data is None or b.base_data is None:
+        return False
     return root(a) == root(b)
 
 

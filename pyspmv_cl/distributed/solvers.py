@@ -75,6 +75,9 @@ def cg(op, b_local, x0=None, tol=1e-5, maxiter=None, M=None, atol=0.0, callback=
     is.
     """
     MPI = mpi()
+    base = getattr(op, "operator", op)   # (op.T: a view of the operator)
+    if getattr(base, "_freed", False):   # its communicator is gone: nothing collective
+        base._check_live()
     comm = op.comm
 
     def check_operator():   # in the collective check: a rank may differ (row_range)
