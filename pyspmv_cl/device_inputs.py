@@ -7,17 +7,28 @@ to its types there, so later changes to the caller's arrays do not reach it."""
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import scipy.sparse as sp
 from pyopencl.reduction import ReductionKernel
 
-from .errors import InvalidInputError, UnsupportedDtypeError
+from .errors import InvalidInputError, InvalidTypeError, UnsupportedDtypeError
 from .host_arrays import cast
 from .inputs import check_triple, check_value_range, overflow_error
 
 
 def is_device_triple(A) -> bool:
-    return isinstance(A, tuple) and len(A) == 3 and all(isinstance(a, cla.Array) for a in A)
+    """Whether ``A`` is a CSR triple of pyopencl arrays; a triple mixing them with host
+    arrays is refused (numpy would make object arrays of the device ones)."""
+    if not (isinstance(A, tuple) and len(A) == 3):
+        return False
+    on_device = [isinstance(a, cla.Array) for a in A]
+    if any(on_device) and not all(on_device):
+        where = ", ".join(f"{name} {'on the device' if d else 'on the host'}" for name, d
+                          in zip(("data", "indices", "indptr"), on_device))
+        raise InvalidTypeError(f"a CSR triple's arrays must all be pyopencl arrays or all "
+                               f"host arrays, not a mix ({where})")
+    return all(on_device)
 
 
 class DeviceCSR:
@@ -91,6 +102,15 @@ def as_device_csr(triple, shape, queue) -> DeviceCSR:
             raise InvalidInputError(f"{name} lives on another OpenCL context than the "
                                     "operator's device; pass device= its queue")
         check_contiguous(arr, name)
+    # Arrays on another queue of the context: the writes pyopencl recorded on them
+    # (their events) are waited for, and they are read on this queue from now on
+    # (pyopencl's copy of an array ran on the array's queue, unordered with the
+    # conversion, whose kernels then read unfilled buffers).  Not the whole queue: the
+    # caller's other work there may wait on something set later (a user event).
+    pending = [e for a in (data, indices, indptr) if a.queue is not queue for e in a.events]
+    if pending:
+        cl.wait_for_events(pending)
+    data, indices, indptr = (a.with_queue(queue) for a in (data, indices, indptr))
     if data.dtype.kind not in "fiubc":
         raise UnsupportedDtypeError(f"matrix dtype {data.dtype} is not numeric")
     if data.dtype.kind == "b" or data.dtype == np.float16:

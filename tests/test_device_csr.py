@@ -110,6 +110,45 @@ def test_the_arrays_queue_is_the_default_device(rng):
     assert op.device.context == device.context
 
 
+@pytest.mark.parametrize("fmt", ["csr-scalar", "csr-vector", "csr5", "sell", "coo"])
+def test_arrays_on_another_queue_of_the_context(fmt, device, rng):
+    """A triple on another queue of the operator's context (a test drive): pyopencl's
+    copy of an array ran on the array's queue, unordered with the conversion (csr-scalar,
+    csr-vector and csr5 multiplied unfilled buffers: a segfault); a cast asserted the
+    queues; a write still pending there (recorded in the array's events) was not
+    waited for. Now the writes recorded are waited for and the arrays read on the
+    operator's queue; the caller's other work there (gated on a user event, set after
+    the operator is built) is not waited for."""
+    A = sp.random(300, 250, density=0.05, format="csr", random_state=5)
+    A.data[:] = rng.standard_normal(A.nnz)
+    other = cl.CommandQueue(device.context)
+    x = rng.standard_normal(250)
+    for cast in (False, True):   # float64 values and int64 indices cast on the device
+        types = (np.float64, np.int64) if cast else (np.float32, np.int32)
+        triple = (cla.to_device(other, A.data.astype(types[0])),
+                  cla.to_device(other, A.indices.astype(types[1])),
+                  cla.to_device(other, A.indptr.astype(types[1])))
+        triple[0].fill(0.0)
+        triple[0].set(2 * A.data.astype(types[0]))   # (blocking: then one pending write)
+        triple[0].__imul__(0.5)                         # recorded in data's events
+        gate = cl.UserEvent(device.context)
+        cl.enqueue_marker(other, wait_for=[gate])       # the caller's own later work
+        op = psc.SpMV(triple, shape=A.shape, format=fmt, dtype=np.float32, device=device)
+        y = op.matvec(x, out=poisoned(300, np.float32))
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        assert_close(y, reference(A, x), A, x, np.float32)
+
+
+def test_a_triple_mixing_host_and_device_arrays_is_refused(device):
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=6)
+    dev = on_device(device.queue, A)
+    for k, name in enumerate(("data", "indices", "indptr")):
+        mixed = tuple((A.data, A.indices, A.indptr)[j] if j == k else dev[j]
+                      for j in range(3))
+        with pytest.raises(psc.InvalidTypeError, match=f"{name} on the host"):
+            psc.SpMV(mixed, shape=A.shape, format="csr-scalar", device=device)
+
+
 def decreasing(indptr):
     host = indptr.get()
     host[1], host[2] = host[2] + 3, host[2]   # row 1 ends before it starts
