@@ -553,7 +553,7 @@ def test_bench_refuses_what_it_cannot_build_or_write(tmp_path, capsys):
         assert main(_small_bench(*args)) == 2, args
         assert text in capsys.readouterr().err
     with pytest.raises(ValueError, match="too large"):   # before any copy is made
-        generators.from_spec("poisson2d:2*100000000")
+        generators.from_spec("poisson2d:2*100000000000")   # 38 TB
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
