@@ -270,6 +270,44 @@ def test_lane_columns_alternative_for_k(rng):
     assert impl is not None
 
 
+def test_split_rows_alternative_for_k_8(rng):
+    """Block tuning on a GPU also times the CSR formats' lanes kernels with a row split
+    among 4 groups of 2-column lanes, first among the alternatives, at k = 8 where rows
+    are long and uneven (mean 16+, spread 2+: measured on an H100); not at k = 32, on
+    short even rows, on a CPU, for ell/sell, or over a caller's lane_columns. The
+    measured candidate multiplies right."""
+    from matrix_cases import csr_from_row_lengths
+
+    from pyspmv_cl.formats.lanes import SPLIT_CANDIDATE
+    gpu = gpu_device()
+    lengths = np.full(2000, 5)
+    lengths[::20] = 300
+    A = random_values(csr_from_row_lengths(rng, lengths, 2000).tocsr(), rng)
+    f = MatrixFeatures.from_csr(A)
+    assert f.mean_row_length >= 16 and f.row_spread >= 2
+
+    def lists(profile, k, features=f, **user):
+        order, _ = tuner.rank_candidates(features, profile, np.float32, dict(FORMATS),
+                                         "sell", block_size=k, user_params=user)
+        return dict(order)
+
+    for name in ("csr-scalar", "csr-vector"):
+        sets = lists(gpu.profile, 8)[name]
+        assert sets[1] == {**sets[0], **SPLIT_CANDIDATE}, name
+        assert all("lane_split" not in p for p in lists(gpu.profile, 32)[name])
+        assert all("lane_split" not in p for p in lists(gpu.profile, 8, lane_columns=1)[name])
+    cpu = DEVICES[0].profile.replace(device_type="cpu")
+    assert all("lane_split" not in p for p in lists(cpu, 8)["csr-vector"])
+    for name in ("ell", "sell"):
+        assert all("lane_split" not in p for p in lists(gpu.profile, 8).get(name, []))
+    even = MatrixFeatures.from_csr(generators.random_uniform(2000, 2000, 20, seed=1))
+    assert all("lane_split" not in p for p in lists(gpu.profile, 8, even)["csr-vector"])
+    op = psc.SpMV(A, format="csr-vector", dtype=DTYPE, device=gpu,
+                  **lists(gpu.profile, 8)["csr-vector"][1])
+    assert op._impl._lane_split(8) == 4
+    check_block(op, A, 8, rng)
+
+
 def test_rules_choose_block_kernels_for_k(rng):
     """GPU rules: dia (stencil) becomes sell and coo (skewed rows) csr-vector for
     k > 1, since neither has block kernels; k = 1 keeps them.  The operators chosen

@@ -44,6 +44,23 @@ def lane_split(kb: int, columns: int, mean_row=None, row_spread=None) -> int:
     return 1
 
 
+#: Rows long and uneven enough for block tuning to also time a split row at k = 8:
+#: mean length and spread (std/mean) at least these.
+SPLIT_ROWS = (16.0, 2.0)
+#: The split it times: four groups of lanes, two columns each.
+SPLIT_CANDIDATE = {"lane_split": 4, "lane_columns": 2}
+
+
+def split_pays(kb: int, mean_row=None, row_spread=None) -> bool:
+    """Whether block tuning times ``SPLIT_CANDIDATE`` for blocks of ``kb``.  On an H100
+    at k = 8 (csr-vector, 20M non-zeros, session 24) it ran Groebner_id2003_aug (35
+    entries a row, spread 2.8) in 201 / 322 us (float32 / float64) against block
+    tuning's 227 / 370, and lost on astro-ph (14.5, 1.45), cage10 and wing, and at k =
+    32 everywhere; measured at k = 8 only."""
+    return kb == 8 and mean_row is not None and row_spread is not None \
+        and mean_row >= SPLIT_ROWS[0] and row_spread >= SPLIT_ROWS[1]
+
+
 def lane_columns(kb: int, slotted: bool = False, row_spread=None, mean_row=None) -> int:
     """Columns of the block each work-item computes.  Several columns per work-item put
     several rows in a 32-wide warp, so more reads of X's rows are in flight (the
@@ -137,6 +154,25 @@ class LanesBlocks:
         alt = lane_columns_alternative(kb, cls.lanes_slotted, features.row_spread,
                                        features.mean_row_length)
         return None if alt is None or alt > kb else {"lane_columns": alt}
+
+    @classmethod
+    def lane_split_candidate(cls, features, profile, dtype, given, k):
+        """``SPLIT_CANDIDATE`` for block tuning to time on products of ``k`` vectors
+        where the rows are long and uneven (``split_pays``), or None: a format whose
+        template does not split rows, no lanes kernel, or the caller fixed the split
+        or the column count."""
+        if not cls.lanes_split or given.get("lane_split") is not None \
+                or given.get("lane_columns") is not None:
+            return None
+        probe = cls.bare_instance(features, profile, dtype, given)
+        if probe is None or not probe._lanes:
+            return None
+        widths = probe.supported_block_widths()
+        if 1 not in widths:
+            return None
+        kb = plan_blocks(k, widths)[0][1]
+        return dict(SPLIT_CANDIDATE) if split_pays(kb, features.mean_row_length,
+                                                   features.row_spread) else None
 
     def lanes_matrix_args(self):
         raise NotImplementedError

@@ -165,15 +165,19 @@ def block_passes(cls, f, profile, dtype, params, k):
 
 
 def with_lane_columns(cls, f, profile, dtype, params_list, user_params, k):
-    """``params_list`` with, second (the first alternative a second pass times), the
-    first set with the other column count of a lanes kernel where the format has one
-    for products of ``k`` vectors (``LanesBlocks.lane_columns_candidate``)."""
-    candidate = getattr(cls, "lane_columns_candidate", None)
-    extra = candidate(f, profile, dtype, {**user_params, **params_list[0]}, k) \
-        if candidate is not None else None
-    if extra is None:
-        return params_list
-    return [params_list[0], {**params_list[0], **extra}, *params_list[1:]]
+    """``params_list`` with, after the first set (the first alternatives a second pass
+    times), that set with a row split among groups of lanes where rows are long and
+    uneven (``LanesBlocks.lane_split_candidate``), then with the other column count of a
+    lanes kernel where the format has one for products of ``k`` vectors
+    (``LanesBlocks.lane_columns_candidate``)."""
+    given = {**user_params, **params_list[0]}
+    extras = []
+    for hook in ("lane_split_candidate", "lane_columns_candidate"):
+        candidate = getattr(cls, hook, None)
+        extra = candidate(f, profile, dtype, given, k) if candidate is not None else None
+        if extra is not None:
+            extras.append({**params_list[0], **extra})
+    return [params_list[0], *extras, *params_list[1:]] if extras else params_list
 
 
 def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_size=1,
