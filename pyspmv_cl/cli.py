@@ -92,13 +92,8 @@ def _cmd_bench(args):
         if why:
             print(f"pyspmv-cl bench: cannot write --json {args.json}: {why}", file=sys.stderr)
             return 2
-    if "auto" in formats:   # the tuner's settings from the environment, before the runs
-        try:
-            tuner.policy(None)
-            tuner.default_budget(0)
-        except PySpMVError as exc:
-            print(f"pyspmv-cl bench: {exc}", file=sys.stderr)
-            return 2
+    if "auto" in formats and not _tuner_settings_ok("bench", policy=True):
+        return 2
     peers = None if args.peers == "all" else ([] if args.peers == "none" else _split(args.peers))
     specs = args.matrices or list(DEFAULT_SPECS)
     if args.plot:
@@ -159,6 +154,20 @@ def _resolved(decision):
     return dict(decision.params)
 
 
+def _tuner_settings_ok(command, policy):
+    """Whether the tuner's settings from the environment (``PYSPMV_CL_TUNE_BUDGET``, and
+    ``PYSPMV_CL_TUNE`` with ``policy``) are usable; else says why.  Checked before the
+    runs, not after them."""
+    try:
+        if policy:
+            tuner.policy(None)
+        tuner.default_budget(0)
+    except PySpMVError as exc:
+        print(f"pyspmv-cl {command}: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _cannot_write(path):
     """Why ``path`` could not be written, or None; creates nothing (an empty file left
     behind by a run refused later was mistaken for its results)."""
@@ -188,12 +197,8 @@ def _cmd_tune(args):
     if args.block_size < 1:
         print("--block-size must be a positive integer", file=sys.stderr)
         return 2
-    if args.budget is None:   # the environment's budget, refused as bench refuses it
-        try:
-            tuner.default_budget(0)
-        except PySpMVError as exc:
-            print(f"pyspmv-cl tune: {exc}", file=sys.stderr)
-            return 2
+    if args.budget is None and not _tuner_settings_ok("tune", policy=False):
+        return 2
     jobs = []
     refused = 0   # matrices not tuned: the exit status says so
     for spec in args.matrices:

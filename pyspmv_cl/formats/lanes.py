@@ -38,12 +38,6 @@ LANE_SPLIT = P.Param("lane_split", P.optional(P.integer(1, 32, power_of_two=True
                      "memory (1, 2, 4, ... 32; None: by width and rows)")
 
 
-def lane_split(kb: int, columns: int, mean_row=None, row_spread=None) -> int:
-    """Groups of lanes that share one row's entries (CSR lanes kernels).  1: the row's
-    ``kb / columns`` lanes walk all its entries one after another."""
-    return 1
-
-
 #: Rows long and uneven enough for block tuning to also time a split row at k = 8:
 #: mean length and spread (std/mean) at least these.
 SPLIT_ROWS = (16.0, 2.0)
@@ -137,6 +131,16 @@ class LanesBlocks:
         return self.dtype.kind == "c" and self.profile.is_gpu
 
     @classmethod
+    def _first_lanes_width(cls, features, profile, dtype, given, k):
+        """The width of the first block of ``k`` vectors the lanes kernel of an operator
+        built with ``given`` would multiply, or None without a lanes kernel."""
+        probe = cls.bare_instance(features, profile, dtype, given)
+        if probe is None or not probe._lanes:
+            return None
+        widths = probe.supported_block_widths()
+        return plan_blocks(k, widths)[0][1] if 1 in widths else None
+
+    @classmethod
     def lane_columns_candidate(cls, features, profile, dtype, given, k):
         """``{"lane_columns": c}`` for block tuning to time besides the parameters
         ``given`` on products of ``k`` vectors (``lane_columns_alternative`` for the
@@ -144,13 +148,9 @@ class LanesBlocks:
         or the caller fixed the count."""
         if given.get("lane_columns") is not None:
             return None
-        probe = cls.bare_instance(features, profile, dtype, given)
-        if probe is None or not probe._lanes:
+        kb = cls._first_lanes_width(features, profile, dtype, given, k)
+        if kb is None:
             return None
-        widths = probe.supported_block_widths()
-        if 1 not in widths:
-            return None
-        kb = plan_blocks(k, widths)[0][1]
         alt = lane_columns_alternative(kb, cls.lanes_slotted, features.row_spread,
                                        features.mean_row_length)
         return None if alt is None or alt > kb else {"lane_columns": alt}
@@ -164,14 +164,8 @@ class LanesBlocks:
         if not cls.lanes_split or given.get("lane_split") is not None \
                 or given.get("lane_columns") is not None:
             return None
-        probe = cls.bare_instance(features, profile, dtype, given)
-        if probe is None or not probe._lanes:
-            return None
-        widths = probe.supported_block_widths()
-        if 1 not in widths:
-            return None
-        kb = plan_blocks(k, widths)[0][1]
-        return dict(SPLIT_CANDIDATE) if split_pays(kb, features.mean_row_length,
+        kb = cls._first_lanes_width(features, profile, dtype, given, k)
+        return dict(SPLIT_CANDIDATE) if kb is not None and split_pays(kb, features.mean_row_length,
                                                    features.row_spread) else None
 
     def lanes_matrix_args(self):
@@ -191,12 +185,12 @@ class LanesBlocks:
 
     def _lane_split(self, kb) -> int:
         """Groups of lanes sharing a row's entries in the width-``kb`` kernel: the
-        parameter or the rule, at most what a work-group holds of the row's lanes."""
+        parameter (1 when not given), at most what a work-group holds of the row's
+        lanes."""
         if not self.lanes_split:
             return 1
         columns = self._lane_columns(kb)
-        fixed = self.params.get("lane_split")
-        split = fixed or lane_split(kb, columns, self.mean_row_length, self.row_spread)
+        split = self.params.get("lane_split") or 1   # (block tuning proposes others)
         return max(1, min(split, self._lanes_group() // (kb // columns)))
 
     def block_template_params(self, kb):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -88,7 +89,7 @@ def vector_products(k: int) -> float:
     kernels) a block of 8 took 2.7-3.2 single products' time and a block of 32
     4.5-7.1; a format without block kernels runs its columns as single products,
     each counted on its own."""
-    return float(np.sqrt(max(int(k), 1)))
+    return math.sqrt(max(int(k), 1))
 
 
 #: Longest wait (seconds) of a timing burst for the caller's last product to finish before
@@ -219,7 +220,6 @@ class OnlineTuning:
         self.state = "waiting"
         self.calls = 0
         self.work = 0.0
-        self._per_vectors = {}   # k -> one product's share of a block_size product
         self._unit = vector_products(block_size)
         self._now = False   # start at the next product (``start_at_next``)
         self.started = self.finished = None
@@ -269,10 +269,7 @@ class OnlineTuning:
         """Count one product of ``vectors`` vectors (``event``: its last, on ``queue``);
         start the measurement when the trigger is reached."""
         self.calls += 1
-        share = self._per_vectors.get(vectors)
-        if share is None:
-            share = self._per_vectors[vectors] = vector_products(vectors) / self._unit
-        self.work += share
+        self.work += vector_products(vectors) / self._unit
         if event is not None:
             self._last = (queue, event)
         if self.state == "waiting" and (self._now or self.work >= self.trigger - 1e-9):
