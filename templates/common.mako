@@ -175,11 +175,11 @@ static inline realb_t cmulb(const real_t a, const realb_t b)
 ## LPR lanes of a row read LPR consecutive entries of X's row (one cache sector or more).
 ## KB and LC are powers of two: shifts (a division and its remainder compile to LLVM's
 ## freeze, which Oclgrind's uninitialised-value checker cannot run).
-<%def name="lanes_row()">
+<%def name="lanes_row(row='row')">
 <% lpr = block_width // lane_columns %>#define LC ${lane_columns}
 #define LPR ${lpr}
     const long gid = get_global_id(0);
-    const long row = gid >> ${lpr.bit_length() - 1};
+    const long ${row} = gid >> ${lpr.bit_length() - 1};
     const long lane = gid & (LPR - 1);
 </%def>
 ## Declare the LC sums `name`0, `name`1, ... of a work-item, zero.

@@ -10,6 +10,8 @@
 ## entries g, g + S, ...: neighbouring groups read neighbouring entries), so a long row
 ## is S times shorter to walk; the groups' sums meet in local memory, where group 0 adds
 ## them in order (deterministic) and writes y.
+## row_order: the row a group of lanes takes is row_order[its slot] (rows sorted by
+## length in windows, formats/lanes.py's lane_order), so that a warp's rows end together.
 <% split = lane_split %>\
 ${c.preamble()}
 #define KB ${block_width}
@@ -17,7 +19,7 @@ ${c.preamble()}
 ${signature("csr_lanes_block")}
 {
 % if split == 1:
-${c.lanes_row()}
+${c.lanes_row("slot" if row_order else "row")}
 ${c.lane_sums("s")}
 % else:
 <% lpr = block_width // lane_columns %>\
@@ -26,11 +28,14 @@ ${c.lane_sums("s")}
 #define SPLIT ${split}
     __local real_t shared_sums[${lanes_group} * LC];
     const long gid = get_global_id(0);
-    const long row = gid >> ${(lpr * split).bit_length() - 1};
+    const long ${"slot" if row_order else "row"} = gid >> ${(lpr * split).bit_length() - 1};
     const long lane = gid & (LPR - 1);
     const index_t part = (index_t)((gid >> ${lpr.bit_length() - 1}) & (SPLIT - 1));
     const uint lid = get_local_id(0);
 ${c.lane_sums("s")}
+% endif
+% if row_order:
+    const long row = slot < n_rows ? (long)row_order[slot] : n_rows;
 % endif
     if (row < n_rows) {
         const index_t end = row_ptr[row + 1];

@@ -499,10 +499,11 @@ def main(argv=None):
                             KEEP.append(op2)
                             summary["products"] += block_products(op2, A, dtype, rng)
                             if other == "lanes" and name == "csr-scalar":
-                                # A fixed lane_columns: 8 columns a work-item at k = 32.
+                                # A fixed lane_columns: 8 columns a work-item at k = 32,
+                                # rows longest first in windows of 8 (row_order).
                                 op3 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
                                                block_mapping="lanes", lane_columns=8,
-                                               **params)
+                                               lane_order=8, **params)
                                 KEEP.append(op3)
                                 summary["products"] += block_products(op3, A, dtype, rng)
                             if other == "lanes" and name == "csr-vector":

@@ -192,6 +192,14 @@ LANES_CASES = [
      "csr_lanes_block", np.complex64),
     ("csr-vector", {"block_mapping": "lanes", "lane_split": 2, "mapping": "rows"},
      "csr_lanes_block", np.float32),
+    # Rows taken longest first in windows (row_order): of 4 rows, of 256 with the split,
+    # and one window wider than the matrix.
+    ("csr-scalar", {"block_mapping": "lanes", "lane_order": 4}, "csr_lanes_block",
+     np.float64),
+    ("csr-vector", {"block_mapping": "lanes", "lane_order": 256, "lane_split": 4,
+                    "lane_columns": 2}, "csr_lanes_block", np.complex64),
+    ("csr-vector", {"block_mapping": "lanes", "lane_order": 1024}, "csr_lanes_block",
+     np.float32),
 ]
 
 
@@ -227,6 +235,8 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
             lanes = kb // op._impl._lane_columns(kb)
             assert op._impl._lane_split(kb) == min(params["lane_split"], 128 // lanes)
             assert op._impl.block_local_bytes(kb, 128) > 0
+    if "lane_order" in params:   # the rows' order, made beside the CSR arrays
+        check_row_order(op, A, params["lane_order"])
 
     def block(k, rows=n):
         X = rng.standard_normal((rows, k))
@@ -263,6 +273,49 @@ def test_lanes_kernel(device, fmt, params, kernel, dtype):
         alpha, beta = (0.5 - 1j, 2.0 + 0.5j) if np.dtype(dtype).kind == "c" else (0.5, 2.0)
         check(op.matmat(X, out=Y0.copy(), alpha=alpha, beta=beta), X, alpha, beta, Y0)
         check(op @ np.asfortranarray(X), X)
+
+
+def check_row_order(op, A, window):
+    """The operator's row_order: a permutation of the rows, each window of ``window``
+    rows in place, longest first, equal lengths in their order."""
+    order = cla.Array(op.queue, A.shape[0], op._impl.index_dtype,
+                      data=op._impl.buffers["row_order"]).get()
+    m = A.shape[0]
+    assert np.array_equal(np.sort(order), np.arange(m))
+    lengths = np.diff(A.indptr)
+    for start in range(0, m, window):
+        part = order[start:start + window]
+        assert part.min() >= start and part.max() < start + window
+        key = [(-lengths[r], r) for r in part]
+        assert key == sorted(key)
+
+
+def test_row_order_from_a_device_matrix(device):
+    """lane_order on a CSR given on the device: the same order (from its row pointers
+    on the host) and right block products; rows in order by default, and without the
+    lanes kernel no order is made."""
+    rng = np.random.default_rng()
+    lengths = rng.integers(0, 40, 700)
+    lengths[::50] = 300
+    from matrix_cases import csr_from_row_lengths
+    A = csr_from_row_lengths(rng, lengths, 900).tocsr()
+    A.data = rng.standard_normal(A.nnz)
+    q = device.queue
+    triple = tuple(cla.to_device(q, a) for a in (A.data, A.indices, A.indptr))
+    op = psc.SpMV(triple, shape=A.shape, format="csr-vector", device=device,
+                  block_mapping="lanes", lane_order=64, dtype=np.float64)
+    assert op._impl.converting_on_device
+    check_row_order(op, A, 64)
+    X = rng.standard_normal((900, 8))
+    assert np.allclose(op @ X, A @ X, rtol=1e-12, atol=1e-12)
+    plain = psc.SpMV(A, format="csr-vector", device=device, block_mapping="lanes")
+    assert "row_order" not in plain._impl.buffers
+    items = psc.SpMV(A, format="csr-scalar", device=device, block_mapping="items",
+                     lane_order=64)
+    assert "row_order" not in items._impl.buffers
+    assert np.allclose(items @ X, A @ X, rtol=1e-5, atol=1e-4)
+    with pytest.raises(psc.InvalidParameterError, match="lane_order"):
+        psc.SpMV(A, format="csr-vector", device=device, lane_order=100)
 
 
 def test_lanes_is_the_gpu_default_items_the_cpu_one(device):

@@ -261,13 +261,65 @@ def test_lane_columns_alternative_for_k(rng):
     for sets in (lists(gpu, 2)["csr-vector"], lists(gpu, 1)["csr-vector"],
                  lists(cpu, 32)["csr-vector"], lists(gpu, 32, lane_columns=2)["csr-vector"]):
         assert all("lane_columns" not in p for p in sets)
-    assert online.online_alternatives(1) == 0 and online.online_alternatives(16) == 1
+    assert online.online_alternatives(1) == 0 and online.online_alternatives(16) == 2
     entry, impl, _ = tuner.measure(A, f, gpu_device(), np.float32, budget=30,
                                    registry={"csr-vector": FORMATS["csr-vector"]},
                                    alternatives=1, block_size=16)
     timed = [c for c in entry["candidates"] if c["alternative"]]
     assert [c["resolved"]["lane_columns"] for c in timed] == [2]
     assert impl is not None
+
+
+def test_row_order_alternative(rng):
+    """Block tuning on a GPU also times the CSR formats' lanes kernels with the rows
+    taken longest first from k = 8 where their lengths are uneven (spread 1.4+): in
+    windows of 256, or of 4096 with the row split where that is timed (after it); not
+    at k = 4, on even rows, on a CPU, for ell/sell, or over a caller's lane_order, split
+    or column count.  The measured candidate multiplies right."""
+    from matrix_cases import csr_from_row_lengths
+
+    from pyspmv_cl.formats.lanes import (
+        ORDER_CANDIDATE,
+        ORDER_SPREAD,
+        SPLIT_CANDIDATE,
+        SPLIT_ORDER_CANDIDATE,
+    )
+    gpu = gpu_device()
+    lengths = np.full(2000, 3)
+    lengths[::10] = 40    # mean 6.7, spread 1.8: uneven, too short for the split
+    A = random_values(csr_from_row_lengths(rng, lengths, 2000).tocsr(), rng)
+    f = MatrixFeatures.from_csr(A)
+    assert ORDER_SPREAD <= f.row_spread < 2 and f.mean_row_length < 16
+
+    def lists(profile, k, features=f, **user):
+        order, _ = tuner.rank_candidates(features, profile, np.float32, dict(FORMATS),
+                                         "sell", block_size=k, user_params=user)
+        return dict(order)
+
+    for name in ("csr-scalar", "csr-vector"):
+        for k in (8, 32, 40):
+            sets = lists(gpu.profile, k)[name]
+            assert sets[1] == {**sets[0], **ORDER_CANDIDATE}, (name, k)
+        assert all("lane_order" not in p for p in lists(gpu.profile, 4)[name])
+        for user in ({"lane_order": 2}, {"lane_split": 1}, {"lane_columns": 1}):
+            assert all(p.get("lane_order") in (None, user.get("lane_order"))
+                       for p in lists(gpu.profile, 8, **user)[name])
+    cpu = DEVICES[0].profile.replace(device_type="cpu")
+    assert all("lane_order" not in p for p in lists(cpu, 8)["csr-vector"])
+    for name in ("ell", "sell"):
+        assert all("lane_order" not in p for p in lists(gpu.profile, 8).get(name, []))
+    even = MatrixFeatures.from_csr(generators.random_uniform(2000, 2000, 20, seed=1))
+    assert all("lane_order" not in p for p in lists(gpu.profile, 8, even)["csr-vector"])
+    # Long, uneven rows: the split first, then the split with windows of 4096.
+    long_rows = np.full(2000, 5)
+    long_rows[::20] = 300
+    B = csr_from_row_lengths(rng, long_rows, 2000).tocsr()
+    sets = lists(gpu.profile, 8, MatrixFeatures.from_csr(B))["csr-vector"]
+    assert sets[1:3] == [{**sets[0], **SPLIT_CANDIDATE}, {**sets[0], **SPLIT_ORDER_CANDIDATE}]
+    op = psc.SpMV(A, format="csr-vector", dtype=DTYPE, device=gpu,
+                  **lists(gpu.profile, 8)["csr-vector"][1])
+    assert "row_order" in op._impl.buffers
+    check_block(op, A, 8, rng)
 
 
 def test_split_rows_alternative_for_k_8(rng):

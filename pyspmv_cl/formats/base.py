@@ -290,6 +290,7 @@ class SpMVFormat:
         self.build_seconds = built - start
         on_device = self.converting_on_device
         host_arrays = self.convert_device(csr) if on_device else self.convert(csr)
+        host_arrays.update(self.block_arrays(csr, on_device))
         scratch = {k: int(v) for k, v in self.scratch_sizes().items()}
         sizes = {name: arr.nbytes for name, arr in host_arrays.items()}
         sizes.update({name: max(1, n) for name, n in scratch.items()})
@@ -389,6 +390,11 @@ class SpMVFormat:
         """Like ``convert``, for a matrix on the device: pyopencl arrays made on the
         device (the seam for device-side conversions)."""
         raise NotImplementedError
+
+    def block_arrays(self, csr, on_device: bool) -> dict:
+        """Arrays only the block kernels read, made beside ``convert``'s (device arrays
+        when ``on_device``, else host arrays); none by default."""
+        return {}
 
     def scratch_sizes(self) -> dict:
         """Device work buffers the kernels read and write, name -> bytes."""

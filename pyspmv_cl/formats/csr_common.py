@@ -3,12 +3,14 @@ values)."""
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 
 from ..codegen import BLOCK_ARGS, PRODUCT_ARGS, matrix, scalar
 from ..host_arrays import cast
 from . import params as P
 from .base import SpMVFormat
-from .lanes import LANE_COLUMNS, LANE_SPLIT, LanesBlocks
+from .lanes import LANE_COLUMNS, LANE_ORDER, LANE_SPLIT, LanesBlocks
+from .sorting import sort_permutation
 
 #: row_ptr, col_idx, values as the CSR kernels declare them (values in value_t: the
 #: operator's type, or fewer bits with ``value_bits``, read through LOADV).
@@ -33,7 +35,7 @@ BLOCK_MAPPING = P.Param("block_mapping", P.one_of(*BLOCK_MAPPINGS),
 
 
 #: The block parameters both CSR formats declare.
-BLOCK_PARAMS = (BLOCK_MAPPING, LANE_COLUMNS, LANE_SPLIT)
+BLOCK_PARAMS = (BLOCK_MAPPING, LANE_COLUMNS, LANE_SPLIT, LANE_ORDER)
 
 
 def default_block_mapping(profile) -> str:
@@ -61,7 +63,25 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
         return self.params.get("block_mapping") == "lanes"
 
     def lanes_matrix_args(self):
-        return (scalar("n_rows", "long"), *CSR_ARRAYS)
+        return (scalar("n_rows", "long"), *CSR_ARRAYS, *self._row_order_arg())
+
+    def _row_order_arg(self):
+        return (matrix("row_order", "index_t"),) if self._ordered else ()
+
+    @property
+    def _ordered(self) -> bool:
+        """Whether the lanes kernel takes the rows in ``row_order`` (``lane_order``)."""
+        return self._lanes and bool(self.params.get("lane_order")) and self.shape[0] > 1
+
+    def block_template_params(self, kb):
+        return {**super().block_template_params(kb), "row_order": self._ordered}
+
+    def block_arrays(self, csr, on_device):
+        if not self._ordered:
+            return {}
+        order = sort_permutation(np.diff(np.asarray(csr.indptr, dtype=np.int64)),
+                          self.params["lane_order"]).astype(self.index_dtype)
+        return {"row_order": cla.to_device(self.device.queue, order) if on_device else order}
 
     def template_params(self):
         return {"value_bits": self.params.get("value_bits"),

@@ -625,7 +625,7 @@ class CSRVector(CSRFormatBase):
                 CSR_ARRAYS[2])
 
     def lanes_matrix_args(self):
-        return (scalar("n_rows", "long"), *self._csr_arrays("row_base"))
+        return (scalar("n_rows", "long"), *self._csr_arrays("row_base"), *self._row_order_arg())
 
     def local_bytes(self, work_group_size):
         if self._merge:   # one carry (row and partial sum) per work-item

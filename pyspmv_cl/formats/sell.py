@@ -53,6 +53,7 @@ from .base import (
 from .lanes import LANE_COLUMNS, LanesBlocks
 from .narrow_columns import column_offsets
 from .registry import register
+from .sorting import sort_permutation, window_rows
 from .storage import VALUE_BITS, full_bits
 
 SLICE_HEIGHTS = (1, 2, 4, 8, 16, 32, 64)
@@ -90,30 +91,6 @@ AUTO_SIGMA_SLACK = 1.10
 LADDER_STEP = 8
 
 
-def _window(sigma, n_rows):
-    """Rows per sorting window: ``n_rows`` for the whole matrix."""
-    return max(1, n_rows) if sigma == "all" or sigma >= n_rows else int(sigma)
-
-
-def sort_permutation(row_lengths, sigma):
-    """``perm[p]`` = the original row stored at position p: rows sorted by decreasing
-    length inside each window of σ rows, equal lengths keeping their order (stable)."""
-    m = row_lengths.size
-    window = _window(sigma, m)
-    if window == 1 or m == 0:
-        return np.arange(m, dtype=np.int64)
-    longest = int(row_lengths.max())
-    key = (np.arange(m, dtype=np.int64) // window) * (longest + 1) + (longest - row_lengths)
-    # The narrowest key type: numpy's stable sort is a radix sort up to 16 bits, and a
-    # narrower merge sort otherwise (5M rows: 0.35-0.42 s -> 0.11-0.19 s).
-    biggest = int(key[-1]) + longest   # the last window's ids are the largest
-    for narrow in (np.int16, np.int32):
-        if biggest <= np.iinfo(narrow).max:
-            key = key.astype(narrow)
-            break
-    return np.argsort(key, kind="stable")
-
-
 def padded_size(row_lengths, slice_height, sigma):
     """Slots (entries + padding) SELL-C-σ needs, without building the permutation.
 
@@ -121,7 +98,7 @@ def padded_size(row_lengths, slice_height, sigma):
     are whole slices: σ is 1, a multiple of C, or every row), so only every C-th
     sorted length is summed: no copy of the sorted lengths (5M rows: 180 -> 60 ms)."""
     m, C = row_lengths.size, slice_height
-    window = _window(sigma, m)
+    window = window_rows(sigma, m)
     if m == 0:
         return 0
     if window == 1:   # unsorted: the longest row of each slice
@@ -312,7 +289,7 @@ class SELL(LanesBlocks, SpMVFormat):
         # Unsorted (σ = 1), the rows keep their order: no permutation to build, compare
         # and gather (5.1M rows on a 2-core VM: about 50 -> 5 ms).
         self.n_slices = -(-m // C)
-        perm = None if _window(sigma, m) == 1 else sort_permutation(row_lengths, sigma)
+        perm = None if window_rows(sigma, m) == 1 else sort_permutation(row_lengths, sigma)
         self._has_perm = perm is not None and not np.array_equal(perm, np.arange(m))
         sorted_lengths = row_lengths[perm] if self._has_perm else row_lengths
         slice_widths = host_arrays.reduce_groups(sorted_lengths, C, np.maximum)

@@ -151,11 +151,12 @@ def host_conversions(profile) -> bool:
 
 def online_alternatives(block_size: int) -> int:
     """Other parameter sets the online measurement times for each of its best formats
-    (``tuner.measure``'s ``alternatives``): none for single products; one for products
+    (``tuner.measure``'s ``alternatives``): none for single products; two for products
     of several vectors, which a caller asked for with ``block_size`` and whose kernels
-    have the most to gain: the CSR formats' other column count of their lanes kernels
-    comes first (``tuner.with_lane_columns``)."""
-    return 0 if block_size == 1 else 1
+    have the most to gain: the CSR formats' lanes kernels with a row split, with the
+    rows taken longest first, and with the other column count come first, as the rows
+    call for them (``tuner.with_lane_columns``)."""
+    return 0 if block_size == 1 else 2
 
 
 def start_choice(features, profile, dtype, block_size=1, user_params=None):

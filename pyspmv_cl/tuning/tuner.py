@@ -167,12 +167,13 @@ def block_passes(cls, f, profile, dtype, params, k):
 def with_lane_columns(cls, f, profile, dtype, params_list, user_params, k):
     """``params_list`` with, after the first set (the first alternatives a second pass
     times), that set with a row split among groups of lanes where rows are long and
-    uneven (``LanesBlocks.lane_split_candidate``), then with the other column count of a
-    lanes kernel where the format has one for products of ``k`` vectors
-    (``LanesBlocks.lane_columns_candidate``)."""
+    uneven (``LanesBlocks.lane_split_candidate``), then with the rows taken longest
+    first where they are uneven (``LanesBlocks.lane_order_candidate``), then with the
+    other column count of a lanes kernel where the format has one for products of ``k``
+    vectors (``LanesBlocks.lane_columns_candidate``)."""
     given = {**user_params, **params_list[0]}
     extras = []
-    for hook in ("lane_split_candidate", "lane_columns_candidate"):
+    for hook in ("lane_split_candidate", "lane_order_candidate", "lane_columns_candidate"):
         candidate = getattr(cls, hook, None)
         extra = candidate(f, profile, dtype, given, k) if candidate is not None else None
         if extra is not None:
