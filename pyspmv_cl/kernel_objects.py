@@ -15,13 +15,25 @@ kernel they are given, so sharing one between kernel objects shares no state.  N
 changes where pyopencl has no such table (``PYOPENCL_NO_CACHE``) or a table of another
 shape (a later pyopencl): the wrapper is put only in front of an object with the two
 methods it uses.
+
+pyopencl makes that table (``pyopencl.invoker``, imported by :func:`install` and by
+pyopencl at its first kernel object) in the user cache directory (``XDG_CACHE_HOME``,
+``~/.cache``), and fails where it cannot: a read-only home, a file in its place.  Plain
+pyopencl then fails at its first kernel object; :func:`install` turns pyopencl's disk
+cache off in that case instead (``PYOPENCL_NO_CACHE=1``, with one warning), so that
+the library still works, and leaves the table alone.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import warnings
 
-import pyopencl.invoker as _invoker
+import pyopencl as cl
+
+from .errors import PySpMVError
 
 _lock = threading.Lock()
 
@@ -47,10 +59,61 @@ class _MemoryFront:
         self.memory.setdefault(key, value)
 
 
+def _import_invoker():
+    """``pyopencl.invoker``, or the text of the error that importing it raised.
+    pytools' table that failed to open complains as it is collected ("Exception
+    ignored ... no attribute 'mutex'"): that noise is left out."""
+    previous = sys.unraisablehook
+
+    def quiet(unraisable):
+        if str(getattr(unraisable.object, "__module__", None)).startswith("pytools."):
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = quiet
+    try:
+        try:
+            import pyopencl.invoker as invoker
+            return invoker
+        except ImportError:
+            raise
+        except Exception as exc:   # OSError, sqlite3's errors, AttributeError ...
+            return f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.unraisablehook = previous
+
+
+def _without_pyopencl_cache(why):
+    """Turn pyopencl's disk cache off in this process (and its children), as
+    ``PYOPENCL_NO_CACHE=1`` does, and import its invoker again; raise a PySpMVError
+    where that fails too."""
+    os.environ["PYOPENCL_NO_CACHE"] = "1"   # read by a pyopencl imported from here on
+    # (pyopencl imported already read the variable: its flag, read by the invoker)
+    cl._PYOPENCL_NO_CACHE = True
+    invoker = _import_invoker()
+    if isinstance(invoker, str):
+        raise PySpMVError(
+            f"pyopencl cannot set up its kernel argument cache ({why}; without its disk "
+            f"cache: {invoker}); setting PYOPENCL_NO_CACHE=1 before importing pyopencl, "
+            "or XDG_CACHE_HOME to a writable directory, may help")
+    warnings.warn(f"pyspmv_cl: pyopencl cannot use its cache directory ({why}); its disk "
+                  "cache is off in this process (PYOPENCL_NO_CACHE=1: set it, or "
+                  "XDG_CACHE_HOME to a writable directory, to silence this)",
+                  RuntimeWarning, stacklevel=4)
+
+
 def install() -> bool:
     """Put the dictionary in front of pyopencl's invoker table, once; whether it is
-    there."""
+    there.  Where pyopencl cannot make its table (an unusable user cache directory) its
+    disk cache is turned off instead, with one warning, and False returned."""
     with _lock:
+        try:
+            _invoker = _import_invoker()
+        except ImportError:   # a pyopencl without this module: nothing to front
+            return False
+        if isinstance(_invoker, str):
+            _without_pyopencl_cache(_invoker)
+            return False
         table = getattr(_invoker, "invoker_cache", None)
         if isinstance(table, _MemoryFront):
             return True

@@ -54,15 +54,35 @@ def warn_once(tag, message, stacklevel=3):
     warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
+def _read_umask():
+    """The process's umask.  POSIX offers no way to read it but setting it, so it is
+    set and put back at once: read once, when this module is imported (a thread that
+    created a file in between would see the umask 0o022 for that moment)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The mode new files get: what ``open()`` would give them (0o666 less the umask read
+#: at import), not ``tempfile.mkstemp``'s 0o600, so that a cache or tuning directory
+#: shared between users stays readable by those the umask lets read it.
+FILE_MODE = 0o666 & ~_read_umask()
+
+
 def atomic_write(path, data):
-    """Write ``data`` (bytes) to ``path`` through a temporary file renamed into place;
-    on any failure the temporary file is removed and the error raised."""
+    """Write ``data`` (bytes) to ``path`` through a temporary file renamed into place,
+    with the mode :data:`FILE_MODE`; on any failure the temporary file is removed and
+    the error raised."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        try:
+            os.chmod(tmp, FILE_MODE)
+        except OSError:   # a file system without modes: the file still serves this user
+            pass
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -91,6 +111,14 @@ def read_json(path, missing=None):
         return None
 
 
+def _writable_dir(root):
+    """Whether ``root`` is a directory this process may create files in."""
+    try:
+        return os.path.isdir(root) and os.access(root, os.W_OK | os.X_OK)
+    except (OSError, ValueError):
+        return False
+
+
 class JsonStore:
     """JSON entries keyed by a hex digest, one file each under ``root()/ab/<key>.json``,
     with a per-process memory layer in front.
@@ -99,8 +127,10 @@ class JsonStore:
     directory or None (memory only).  ``validate(entry, key)`` returns None for a
     usable entry, ``"stale"`` for one to ignore silently (another version wrote it) or
     ``"damaged"`` for one to ignore with a warning.  Damaged entries warn once per
-    file; an unreadable or unwritable directory warns once and leaves the memory
-    layer.  ``stats`` counts hits, misses, writes, ignored entries and I/O errors.
+    file; an unreadable or unwritable directory warns once (one warning per root, that
+    says what fails: a root that is a file reads as empty, and its first store warns)
+    and leaves the memory layer.  ``stats`` counts hits, misses, writes, ignored
+    entries and I/O errors.
     """
 
     def __init__(self, root, validate, *, label, entry_label, fallback, memory_note):
@@ -139,11 +169,24 @@ class JsonStore:
         path = self.path(root, key)
         try:
             entry = read_json(path, missing=MISSING)
+        except NotADirectoryError:
+            # A file where the directory (or its ab/ part) should be holds no entry:
+            # a miss, as for a missing directory.  Storing fails there too, and says
+            # so, once per root: warning here as well made two warnings, this one
+            # wrongly promising a fallback ("re-tuning") that the miss causes anyway.
+            self._count("errors")
+            return None
         except OSError as exc:
             self._count("errors")
-            warn_once((self.label, "dir", str(root)),
-                      f"pyspmv_cl: {self.label} {root} unreadable ({exc}); {self.fallback}",
-                      stacklevel=4)
+            if _writable_dir(root):   # an unreadable entry: the next store replaces it
+                warn_once((self.label, "dir", str(root)),
+                          f"pyspmv_cl: {self.label} {root} unreadable ({exc}); "
+                          f"{self.fallback}", stacklevel=4)
+            else:   # neither read nor written: one warning, under store()'s tag
+                warn_once((self.label, "write", str(root)),
+                          f"pyspmv_cl: cannot read or write the {self.label} in {root} "
+                          f"({exc}); {self.fallback}, and {self.memory_note}",
+                          stacklevel=4)
             return None
         if entry is MISSING:
             self._count("misses")
@@ -174,8 +217,9 @@ class JsonStore:
             write_json(path, entry)
         except OSError as exc:
             self._count("errors")
-            # (a tag of its own: an unreadable directory's warning said nothing of
-            # decisions that are not stored either)
+            # (not the tag of an unreadable entry's warning, which said nothing of
+            # decisions that are not stored either; load() warns under this one only
+            # when it said that the directory cannot be written)
             warn_once((self.label, "write", str(root)),
                       f"pyspmv_cl: cannot write the {self.label} in {root} ({exc}); "
                       f"{self.memory_note}", stacklevel=4)
@@ -197,7 +241,7 @@ class JsonStore:
             with os.scandir(self.path(root, prefix).parent) as entries:
                 return any(e.name.startswith(prefix) and e.name.endswith(".json")
                            for e in entries)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # (a file: it holds no entry)
             return False
         except OSError:
             return True

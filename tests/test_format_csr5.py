@@ -383,6 +383,39 @@ def test_remembered_bounds(device, tmp_path, monkeypatch):
     assert csr5_model.bounds_for(prof, np.float32, omega) == (2, 40, 100, 3)
 
 
+def test_bounds_past_the_largest_sigma_are_damaged(device, tmp_path, monkeypatch):
+    """Remembered bounds that give a sigma past csr5's range (u = 1000: an edit, a bit
+    flip) are a damaged file: the defaults, with one warning.  They passed before, and
+    every csr5 operator failed ("sigma must be an integer in [1, 512], not 1000").
+    The rule keeps its sigma in range too, whatever the bounds."""
+    monkeypatch.setenv("PYSPMV_CL_CACHE_DIR", str(tmp_path))
+    prof = device.profile
+    omega = CSR5.default_params(features(30), prof, np.float32)["omega"]
+    default = csr5_model.DEFAULT_BOUNDS[csr5_model.device_class(prof)]
+    path = csr5_model.remember_bounds(prof, np.float32, omega, (2, 40, 100, 3))
+    entry = json.loads(path.read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for bad in ([1, 1, 1, 1000], [2, 600, 700, 3], [513, 513, 600, 4]):
+            path.write_text(json.dumps(dict(entry, bounds=bad)))
+            csr5_model.clear_memory()
+            assert csr5_model.bounds_for(prof, np.float32, omega) == default
+            for npr in (1, 30, 650, 5000):
+                sigma = CSR5.resolve_params(features(npr), prof, np.float32, {})["sigma"]
+                assert sigma == csr5_model.sigma_rule(npr, default)
+    damaged = [w for w in caught if "damaged CSR5 bounds" in str(w.message)]
+    assert len(damaged) == 1, [str(w.message) for w in caught]
+    # t is a row length, not a sigma: any size
+    path.write_text(json.dumps(dict(entry, bounds=[2, 40, 10**6, 3])))
+    csr5_model.clear_memory()
+    assert csr5_model.bounds_for(prof, np.float32, omega) == (2, 40, 10**6, 3)
+    assert csr5_model.MAX_SIGMA == 512
+    rule = csr5_model.sigma_rule
+    assert [rule(n, (1, 1, 1, 1000)) for n in (1, 2)] == [1, 512]
+    assert [rule(n, (4, 900, 1000, 4)) for n in (3, 700, 950, 2000)] == [4, 512, 512, 4]
+    assert rule(0, (0, 0, 0, 0)) == 1
+
+
 def test_fit_bounds():
     assert csr5_model.fit_bounds({3: 8, 12: 16, 40: 32, 600: 4}) == (8, 32, 256, 4)
     assert csr5_model.fit_bounds({3: 16, 12: 8, 40: 8, 600: 16}) == (16, 16, 256, 16)

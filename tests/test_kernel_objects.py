@@ -2,6 +2,10 @@
 from memory after the first fetch, and kernels sharing a setter keep their own
 arguments."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.invoker as invoker
@@ -93,3 +97,43 @@ def test_kernels_sharing_a_setter_keep_their_own_arguments(device):
     np.testing.assert_array_equal(out[0], 2.0 * i)
     np.testing.assert_array_equal(out[1][: n // 2], -3.0 * i[: n // 2])
     assert np.isnan(out[1][n // 2:]).all()
+
+
+UNUSABLE_CACHE_SCRIPT = """
+import os, sys
+import numpy as np
+import pyopencl as cl
+import pyspmv_cl
+from pyspmv_cl import cache
+device = cl.get_platforms()[0].get_devices()[0]
+context = cl.Context([device])
+queue = cl.CommandQueue(context)
+(kernel,) = cache.get_program(context, device, sys.argv[1]).all_kernels()
+out = cl.Buffer(context, cl.mem_flags.READ_WRITE, 16)
+kernel(queue, (4,), None, out, np.float32(2), np.int32(4))
+host = np.empty(4, np.float32)
+cl.enqueue_copy(queue, host, out)
+print(host.tolist(), os.environ.get("PYOPENCL_NO_CACHE"))
+"""
+
+
+def test_unusable_user_cache_directory_leaves_the_library_working(tmp_path):
+    """The user cache directory (where pyopencl keeps its argument setters) under a
+    file: ``import pyspmv_cl`` failed in pytools (NotADirectoryError, then
+    AttributeError 'mutex'), even with PYSPMV_CL_NO_CACHE=1, and plain pyopencl fails
+    at its first kernel object.  Now pyopencl's disk cache is turned off with one
+    warning, and kernels run."""
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache directory should be")
+    env = {k: v for k, v in os.environ.items() if k != "PYOPENCL_NO_CACHE"}
+    # (PoCL's own cache where it was: the kernel compiles once, not every run)
+    pocl = os.environ.get("POCL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pocl")
+    env.update(XDG_CACHE_HOME=str(blocker / "cache"), PYSPMV_CL_NO_CACHE="1",
+               POCL_CACHE_DIR=pocl)
+    run = subprocess.run([sys.executable, "-c", UNUSABLE_CACHE_SCRIPT, SOURCE], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("]")[0] == "[2.0, 4.0, 6.0, 8.0" and "] 1" in run.stdout
+    assert run.stderr.count("pyopencl cannot use its cache directory") == 1, run.stderr
+    assert "Exception ignored" not in run.stderr, run.stderr

@@ -6,6 +6,7 @@ environment."""
 import errno
 import json
 import os
+import stat
 import warnings
 
 import pytest
@@ -124,13 +125,75 @@ def test_unwritable_directory_falls_back_to_memory_with_one_warning(tmp_path):
             assert s.load(k) is None   # reading fails too (not a directory)
             assert s.store(k, {"key": k, "version": 1}) is None
         assert all(s.load(k) == {"key": k, "version": 1} for k in keys)
-    # One warning for reading, one for writing (the second says the entries are kept
-    # in memory only: it was swallowed by the first, which shared its tag)
+    # One warning, that the entries are kept in memory only (reading under a file
+    # finds nothing, as in a missing directory: it warned "unreadable ...;
+    # recomputing" too before, which was no news)
     found = runtime_warnings(caught, "unwritable store")
-    assert len(found) == 2 and all(str(root) in f for f in found), found
-    assert sum("unreadable" in f for f in found) == 1
-    assert sum("cannot write" in f for f in found) == 1
+    assert len(found) == 1 and str(root) in found[0], found
+    assert "cannot write" in found[0] and "kept in memory only" in found[0]
+    assert len(caught) == 1, [str(w.message) for w in caught]
     assert s.stats["writes"] == 0 and s.stats["errors"] == 6
+
+
+def test_root_that_is_a_file_warns_once(tmp_path):
+    """A store whose directory is a regular file (PYSPMV_CL_TUNING_DIR naming one):
+    it may hold nothing (no structure hash is spent on a lookup), a lookup is a miss,
+    and the first store says, once, that entries stay in memory.  The lookup warned
+    "unreadable ...; recomputing" before the store's warning: two, one wrong."""
+    root = tmp_path / "file"
+    root.write_text("a file, not a directory")
+    s = make_store(root, "file-root store")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not s.has_prefix(KEY[:8])
+        assert s.load(KEY) is None
+        assert s.store(KEY, {"key": KEY, "version": 1}) is None
+        assert s.load(KEY) == {"key": KEY, "version": 1}
+        assert s.store(KEY[::-1], {"key": KEY[::-1], "version": 1}) is None
+    found = [str(w.message) for w in caught]
+    assert len(found) == 1 and "cannot write" in found[0] and str(root) in found[0], found
+    assert root.read_text() == "a file, not a directory"
+
+
+def test_unreadable_unwritable_directory_warns_once(tmp_path, monkeypatch):
+    """A directory that can be neither read nor written (no search permission): one
+    warning that says both."""
+    root = tmp_path / "closed"
+    s = make_store(root, "closed store")
+    s.store(KEY, {"key": KEY, "version": 1})
+    s.clear_memory()
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    # (as chmod 0 would do, for root too)
+    monkeypatch.setattr(store.Path, "read_bytes", denied)
+    monkeypatch.setattr(store.Path, "mkdir", denied)
+    monkeypatch.setattr(store.os, "access", lambda *args, **kwargs: False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert s.load(KEY) is None
+        assert s.store(KEY, {"key": KEY, "version": 1}) is None
+    found = [str(w.message) for w in caught]
+    assert len(found) == 1 and "cannot read or write" in found[0], found
+    assert "recomputing" in found[0] and "kept in memory only" in found[0]
+
+
+def test_new_files_take_the_mode_the_umask_gives(tmp_path, monkeypatch):
+    """Files are written 0o666 less the umask (read once, at import), as open()
+    would make them, so that a directory shared between users stays readable; they
+    were 0o600 (tempfile.mkstemp's) whatever the umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    path = tmp_path / "a" / "entry.json"
+    store.write_json(path, {"x": 1})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+    for mode in (0o644, 0o640, 0o664):   # the umask that import read
+        monkeypatch.setattr(store, "FILE_MODE", mode)
+        store.atomic_write(path, b"again")
+        assert stat.S_IMODE(path.stat().st_mode) == mode
+        assert path.read_bytes() == b"again"
+    assert os.listdir(path.parent) == ["entry.json"]
 
 
 def test_memory_only_when_disabled(monkeypatch, tmp_path):

@@ -40,11 +40,10 @@ from ..errors import DeviceCapabilityError, InvalidParameterError
 from . import params as P
 from .base import SpMVFormat, pow2_floor, round_up
 from .builder import ProgramSpec, build_program
-from .csr5_model import bounds_for, sigma_rule
+from .csr5_model import MAX_SIGMA, bounds_for, sigma_rule
 from .registry import register
 
 MAX_OMEGA = 1024
-MAX_SIGMA = 512
 SEGMENTED_SUMS = ("scan", "serial")
 # Work-items per group of the calibrate kernel (one per tile or tail row).
 CALIBRATE_WORK_GROUP_SIZE = 64

@@ -27,22 +27,29 @@ DEFAULT_BOUNDS = {
     "accelerator": (12, 12, 256, 12),
 }
 
+#: The largest tile height csr5 takes (its ``sigma`` parameter's range is [1, MAX_SIGMA]):
+#: bounds that give a sigma beyond it are damaged, and the rule never returns one.
+MAX_SIGMA = 512
+
 # One small JSON file per (device, dtype, omega) under the cache directory, so that
 # calibrations of several devices never overwrite each other's results.
 BOUNDS_DIR = "csr5-bounds-v2"
 
 
 def sigma_rule(nnz_per_row, bounds):
-    """The paper's sigma for a mean row length (integer part, as the authors' code)."""
+    """The paper's sigma for a mean row length (integer part, as the authors' code),
+    kept within csr5's range [1, MAX_SIGMA] whatever the bounds."""
     r, s, t, u = bounds
     npr = int(nnz_per_row)
     if npr <= r:
-        return r
-    if npr <= s:
-        return npr
-    if npr <= t:
-        return s
-    return u
+        sigma = r
+    elif npr <= s:
+        sigma = npr
+    elif npr <= t:
+        sigma = s
+    else:
+        sigma = u
+    return min(max(int(sigma), 1), MAX_SIGMA)
 
 
 def device_class(profile):
@@ -65,11 +72,16 @@ def bounds_dir():
 
 
 def _valid_bounds(value):
+    """``value`` as bounds (r, s, t, u), or None where it is none: integers >= 1 with
+    r <= s <= t, and the sigmas they give (r, s, u) at most MAX_SIGMA (t is a row
+    length, not a sigma)."""
     if not isinstance(value, (list, tuple)) or len(value) != 4:
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
         return None
     r, s, t, u = value
+    if max(r, s, u) > MAX_SIGMA:
+        return None
     return (r, s, t, u) if r <= s <= t else None
 
 

@@ -757,8 +757,11 @@ def _select(csr, features, device, dtype, user_params, tune, expected_calls, bud
                     and not conversion_is_cheap(FORMATS[chosen["format"]], csr, device,
                                                 {**chosen["params"],
                                                  **chosen.get("resolved", {})}, dtype):
-                return _database_handover(csr, features, device, dtype, user_params,
-                                          stored, chosen, block_size, key)
+                handed = _database_handover(csr, features, device, dtype, user_params,
+                                            stored, chosen, block_size, key)
+                if handed is not None:
+                    return handed
+                # (None: the start's own format, built below like a cheap conversion)
             try:
                 stored.impl = _build_stored(stored, csr, features, device, dtype,
                                             user_params, key, "tuning anew")
@@ -860,13 +863,15 @@ def _database_handover(csr, features, device, dtype, user_params, stored, chosen
     online start format at once and convert the winner in the background (online.py's
     machinery, without measuring), so that a known matrix sets up as fast as a new one.
     A winner of the start's own format (sell on CPUs) is built at once: it converts as
-    fast as the start would.  ``expected_calls=`` or ``tune=True`` convert it before
-    the first product instead."""
+    fast as the start would: None is returned for it, and the caller builds it at once
+    through :func:`_build_stored` (an entry of it that cannot be built is removed with
+    one warning and decided anew, as any other).  ``expected_calls=`` or ``tune=True``
+    convert it before the first product instead."""
     profile = device.profile
     start_format, start_params, start_why = online.start_choice(
         features, profile, dtype, block_size, user_params)
     if start_format == stored.format:   # converts as fast as the start would
-        return stored
+        return None
     conversion = float(chosen.get("conversion_seconds") or 0.0)
     trigger = online.trigger_calls(features, profile, dtype, conversion, measuring=False,
                                    block_size=block_size)
