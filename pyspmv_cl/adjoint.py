@@ -48,7 +48,7 @@ from .errors import (
     UnsupportedLayoutError,
 )
 from .formats.values import _layout
-from .inputs import check_host_out
+from .inputs import check_host_out, refuse_an_operator, refuse_non_dense
 
 
 def transpose_structure(indices, indptr, n_cols):
@@ -231,9 +231,18 @@ def _conj(a):
     return result
 
 
-def _conjugated_product(product, x, out, alpha, beta):
+def _conjugated_product(op, product, x, out, alpha, beta):
     """``alpha * conj(B) @ x + beta * out`` from ``product`` (B's, with the same
-    arguments): ``conj(conj(alpha) * B @ conj(x) + conj(beta) * conj(out))``."""
+    arguments; a product of ``op``): ``conj(conj(alpha) * B @ conj(x) + conj(beta) *
+    conj(out))``."""
+    # The product's own checks of x, alpha and beta first: x is turned into an array and
+    # the scalars conjugated here (a sparse x became a 0-d object array, beta without out
+    # was dropped, a string alpha taken as a number)
+    refuse_an_operator("x", x)
+    refuse_non_dense(x, op.shape[1] if product == op.matvec else op.shape[0])
+    alpha, beta = op._scalar("alpha", alpha), op._scalar("beta", beta)
+    if beta != 0 and out is None:
+        raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
     x = x if isinstance(x, cla.Array) else np.asarray(x)
     # The checks the product would make on x and out, before they are conjugated here
     # (pyopencl's conj of a strided view, numpy's of a read-only out, raised their own)
@@ -244,7 +253,7 @@ def _conjugated_product(product, x, out, alpha, beta):
         check_host_out(out)
     if x.dtype.kind == "c":
         x = _conj(x)
-    alpha, beta = np.conj(complex(alpha)), np.conj(complex(beta))
+    alpha, beta = np.conj(alpha), np.conj(beta)
     if out is None:
         return _conj(product(x, out=None, alpha=alpha, beta=0.0))
     if isinstance(out, cla.Array):
@@ -315,14 +324,14 @@ class TransposedView:
         computes A^H (conjugated around it for A^T of complex values)."""
         if self.conjugate or np.dtype(self.operator.dtype).kind != "c":
             return self.operator.rmatvec(x, out=out, alpha=alpha, beta=beta)
-        return _conjugated_product(self.operator.rmatvec, x, out, alpha, beta)
+        return _conjugated_product(self.operator, self.operator.rmatvec, x, out, alpha, beta)
 
     def rmatvec(self, x, out=None, alpha=1.0, beta=0.0):
         """``alpha * B^H @ x + beta * out`` for this view's B: ``op.matvec`` (A for
         ``op.H``; conj(A) for ``op.T`` of complex values)."""
         if self.conjugate or np.dtype(self.operator.dtype).kind != "c":
             return self.operator.matvec(x, out=out, alpha=alpha, beta=beta)
-        return _conjugated_product(self.operator.matvec, x, out, alpha, beta)
+        return _conjugated_product(self.operator, self.operator.matvec, x, out, alpha, beta)
 
     def matmat(self, X, out=None, alpha=1.0, beta=0.0):
         check_block(X, "matmat")
@@ -370,7 +379,7 @@ class ConjugateView(TransposedView):
         return self.operator.T
 
     def matvec(self, x, out=None, alpha=1.0, beta=0.0):
-        return _conjugated_product(self.operator.matvec, x, out, alpha, beta)
+        return _conjugated_product(self.operator, self.operator.matvec, x, out, alpha, beta)
 
     def rmatvec(self, x, out=None, alpha=1.0, beta=0.0):
         """``alpha * A^T @ x + beta * out``."""

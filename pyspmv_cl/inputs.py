@@ -3,6 +3,7 @@ CSR triple) and the value dtype.  Invalid input is refused here, on the host, be
 anything reaches a device where a bad index would read out of bounds."""
 
 import numpy as np
+import pyopencl.array as cla
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
@@ -256,3 +257,23 @@ def check_host_out(out, exact=False):
                                 "pass out.data or a plain numpy array")
     if not out.flags.writeable:
         raise InvalidInputError("out must be a writeable numpy array (this one is read-only)")
+
+
+def refuse_an_operator(name, x):
+    """Another operator (an SpMV, a transposed view, a scipy LinearOperator) where a
+    vector or block is due: refused by name (numpy made it an object array, refused as a
+    "non-numeric dtype object")."""
+    if not isinstance(x, (np.ndarray, cla.Array)) and callable(getattr(x, "matvec", None)):
+        raise InvalidTypeError(
+            f"{name} is an operator ({type(x).__name__}), not a vector or a block: products "
+            "of two operators are not formed; compose them as scipy operators, e.g. "
+            "op.aslinearoperator() @ other.aslinearoperator(), or multiply a vector by "
+            "each in turn")
+
+
+def refuse_non_dense(x, size):
+    """None, a sparse matrix or a string where a dense vector of ``size`` numbers is
+    due: refused by type (numpy would make a 0-d object array of it)."""
+    if x is None or sp.issparse(x) or isinstance(x, (str, bytes, dict, set)):
+        raise InvalidTypeError(f"x must be a dense vector (a numpy or pyopencl array of "
+                               f"{size} numbers), not {type(x).__name__}")

@@ -53,24 +53,14 @@ from .inputs import (
     check_value_range,
     is_complex,
     needs_fp64,
+    refuse_an_operator,
+    refuse_non_dense,
     resolve_dtype,
 )
 from .launching import in_order
 from .numbering import hint as numbering_hint
 from .tuning.online import CPU_BYTES_PER_SECOND
 from .tuning.tuner import select
-
-
-def _refuse_an_operator(name, x):
-    """Another operator (an SpMV, a transposed view, a scipy LinearOperator) where a
-    vector or block is due: refused by name (numpy made it an object array, refused as a
-    "non-numeric dtype object")."""
-    if not isinstance(x, (np.ndarray, cla.Array)) and callable(getattr(x, "matvec", None)):
-        raise InvalidTypeError(
-            f"{name} is an operator ({type(x).__name__}), not a vector or a block: products "
-            "of two operators are not formed; compose them as scipy operators, e.g. "
-            "op.aslinearoperator() @ other.aslinearoperator(), or multiply a vector by "
-            "each in turn")
 
 
 def _is_device_array(obj):
@@ -352,7 +342,7 @@ class SpMV:
         type is cast on the device (a temporary and one copy kernel per call; keep
         them in ``op.dtype`` to avoid it).
         """
-        _refuse_an_operator("x", x)
+        refuse_an_operator("x", x)
         alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
         if beta != 0 and out is None:
             raise InvalidInputError("beta != 0 needs out= holding the y to accumulate into")
@@ -380,7 +370,7 @@ class SpMV:
         a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays, at
         any offset (others: ``UnsupportedLayoutError``).  Other formats multiply column
         by column (device arrays through a column copy on the device)."""
-        _refuse_an_operator("X", X)
+        refuse_an_operator("X", X)
         check_block(X, "matmat")
         return self.matvec(X, out=out, alpha=alpha, beta=beta)
 
@@ -443,7 +433,7 @@ class SpMV:
 
     def _rproduct(self, x, out, alpha, beta, name):
         """rmatvec/rmatmat (``name``: what their errors are labelled)."""
-        _refuse_an_operator("x", x)   # before the transposed copy is built for it
+        refuse_an_operator("x", x)   # before the transposed copy is built for it
         alpha, beta = self._scalar("alpha", alpha), self._scalar("beta", beta)
         check_operands(self.H, x, out, beta, name)
         with self._lock:   # A and A^T in step: update_values holds it as well
@@ -541,6 +531,12 @@ class SpMV:
                 or (out is not None and getattr(out, "dtype", None) is not None
                     and out.dtype.kind == "c"):
             raise UnsupportedDtypeError(self._real_device_message())
+
+    def _finer(self, dtype) -> bool:
+        """Whether an out of ``dtype`` holds more precision than the operator computes
+        in (float64 for a float32 operator, complex128 for complex64)."""
+        dtype = np.dtype(dtype)
+        return dtype.kind in "fc" and np.finfo(dtype).bits > np.finfo(self.dtype).bits
 
     def _check_vector_dtype(self, name, dtype):
         if dtype.kind not in "fiubc":
@@ -805,9 +801,7 @@ class SpMV:
         return event
 
     def _matvec_host(self, x, out, alpha, beta):
-        if x is None or sp.issparse(x) or isinstance(x, (str, bytes, dict, set)):
-            raise InvalidTypeError(f"x must be a dense vector (a numpy or pyopencl array of "
-                                   f"{self.shape[1]} numbers), not {type(x).__name__}")
+        refuse_non_dense(x, self.shape[1])
         x = np.asarray(x)
         self._check_vector_dtype("x", x.dtype)
         self._check_x_shape(x.shape)
@@ -825,6 +819,15 @@ class SpMV:
                     f"out is {out.dtype}, but this operator's products are complex "
                     f"({self.dtype}): give a complex out")
             self._check_out(out, expected)
+            if beta != 0 and self._finer(out.dtype):
+                # beta * out in out's own precision (numpy's rule), not rounded to
+                # op.dtype first; the product computed in op.dtype as ever (x read
+                # before out is written: they may overlap)
+                y = self._matvec_host(x, None, alpha, 0.0)
+                with np.errstate(all="ignore"):   # (inf and NaN as the kernels give them)
+                    np.multiply(out, beta, out=out)
+                    np.add(out, y.reshape(expected), out=out)
+                return out
         if x.ndim == 2 and x.shape[1] != 1 and self.has_block_kernels:
             return self._matmat_host(x, out, alpha, beta, result_dtype)
         copy = self._blocks_for(x.shape[1]) if x.ndim == 2 else None
@@ -1059,16 +1062,23 @@ class SpMV:
             x_work = cla.empty(queue, x.shape, self.dtype)
             wait_for = cast(x_work, x, x.events)
         y_work = out
+        # An out finer than op.dtype keeps its own precision in beta * out (numpy's
+        # rule): the product goes to the temporary alone, and out = beta*out + it.
+        finer = beta != 0 and self._finer(out.dtype)
         if out.dtype != self.dtype:
             y_work = cla.empty(queue, out.shape, self.dtype)
-            if beta != 0:
+            if beta != 0 and not finer:
                 wait_for += cast(y_work, out, out.events)
         else:
             wait_for += list(out.events)
         event = self._device_product(self._device_buffer(x_work, "x"),
-                                     self._device_buffer(y_work, "out"), alpha, beta,
-                                     wait_for or None, block)
-        if y_work is not out:
+                                     self._device_buffer(y_work, "out"), alpha,
+                                     0.0 if finer else beta, wait_for or None, block)
+        if finer:
+            view = out.with_queue(queue)
+            event = cla.Array._axpbyz(view, beta, view, 1, y_work, queue=queue,
+                                      wait_for=[event, *out.events])
+        elif y_work is not out:
             event = cast(out, y_work, [event] + list(out.events))[0]
         out.add_event(event)
         x.add_event(event)   # a later write to x waits for the reads here

@@ -453,3 +453,70 @@ def test_refusals_of_transposed_products_in_the_callers_terms(device, rng):
     X = rng.standard_normal((3, 7))
     np.testing.assert_allclose(x @ op, A.T @ x, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(X @ op, (A.T @ X.T).T, rtol=1e-12, atol=1e-12)
+
+
+def test_complex_transposed_products_check_like_the_others(device, rng):
+    """op.T of a complex operator (and op.T.H) took alpha and beta through complex():
+    beta != 0 without out was dropped (A^T x returned), a string alpha was taken as a
+    number, None and a 1-element array raised a bare TypeError; a sparse x, None or an
+    operator became a 0-d array refused for its shape.  Each is now the error op.matvec
+    and op.H give."""
+    A = (rectangular(rng, 6, 4, density=0.5) * (1 - 0.5j)).tocsr().astype(np.complex64)
+    op = psc.SpMV(A, format="csr-scalar", device=device)
+    u, v = np.ones(6, np.complex64), np.ones(4, np.complex64)
+    for view, x in ((op.T, u), (op.T.H, v), (op.H, u)):
+        with pytest.raises(psc.InvalidInputError, match="beta != 0 needs out="):
+            view.matvec(x, beta=1.0)
+        for bad, what in (("2", "string"), (None, "None"), (np.array([2.0]), "array")):
+            with pytest.raises(psc.InvalidTypeError, match=f"alpha must be a number.*{what}"):
+                view.matvec(x, alpha=bad)
+        size = x.size
+        for bad, name in ((sp.csr_matrix(np.ones((size, 1))), "csr_matrix"),
+                          (None, "NoneType")):
+            with pytest.raises(psc.InvalidTypeError, match=re.escape(
+                    f"x must be a dense vector (a numpy or pyopencl array of {size} numbers), "
+                    f"not {name}")):
+                view @ bad
+        with pytest.raises(psc.InvalidTypeError, match="x is an operator"):
+            view @ op
+    # ... and they still compute: alpha, beta, out.
+    y0 = (rng.standard_normal(4) + 1j * rng.standard_normal(4)).astype(np.complex64)
+    out = y0.copy()
+    op.T.matvec(u, out=out, alpha=2 - 1j, beta=0.5j)
+    want = (2 - 1j) * (A.T.astype(np.complex128) @ u) + 0.5j * y0
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, finer", [(np.float32, np.float64),
+                                          (np.complex64, np.complex128)])
+def test_a_finer_out_keeps_its_precision_in_beta(dtype, finer, device, rng):
+    """A float64 out given to a float32 operator with beta != 0 (complex128 to
+    complex64) was rounded to the operator's type before beta * out was added: an
+    r = b - A @ x lost b's last digits.  beta * out is now taken in out's precision,
+    on the host and on the device, for vectors and blocks, and through op.T."""
+    skip_without_fp64(device, finer)
+    A = rectangular(rng, 30, 20).astype(dtype)
+    op = psc.SpMV(A, format="csr-vector", device=device)
+    for shape in ((20,), (20, 3)):
+        x = np.zeros(shape, dtype)          # A @ x is exactly 0: out = beta * b exactly
+        b = 1 + 1e-12 * rng.standard_normal((30,) + shape[1:])
+        if np.dtype(finer).kind == "c":
+            b = b + 1j * (1 - 1e-12 * rng.standard_normal(b.shape))
+        b = b.astype(finer)
+        host = b.copy()
+        assert op.matvec(x, out=host, alpha=3.0, beta=-1.0) is host
+        np.testing.assert_array_equal(host, -b)
+        dev = cla.to_device(op.queue, b)
+        op.matvec(cla.to_device(op.queue, x), out=dev, alpha=3.0, beta=-1.0)
+        np.testing.assert_array_equal(dev.get(), -b)
+        # with a product: its part in op.dtype's accuracy, beta * out exact
+        x = rng.standard_normal(shape).astype(dtype)
+        got = b.copy()
+        op.matvec(x, out=got, alpha=0.5, beta=2.0)
+        want = 0.5 * (A.astype(np.complex128) @ x) + 2 * b
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    u = np.zeros(30, dtype)
+    c = (1 + 1e-12 * rng.standard_normal(20)).astype(finer)
+    out = c.copy()
+    op.T.matvec(u, out=out, beta=2.0)
+    np.testing.assert_array_equal(out, 2 * c)
