@@ -270,6 +270,17 @@ def test_lane_columns_alternative_for_k(rng):
     assert impl is not None
 
 
+def check_not_timed_off_gpu_csr(lists, gpu_profile, param):
+    """Block tuning at k = 8 times no ``param`` on a CPU, for ell and sell, or on short,
+    even rows (``lists(profile, k, features=...)``: the ranked sets by format)."""
+    cpu = DEVICES[0].profile.replace(device_type="cpu")
+    assert all(param not in p for p in lists(cpu, 8)["csr-vector"])
+    for name in ("ell", "sell"):
+        assert all(param not in p for p in lists(gpu_profile, 8).get(name, []))
+    even = MatrixFeatures.from_csr(generators.random_uniform(2000, 2000, 20, seed=1))
+    assert all(param not in p for p in lists(gpu_profile, 8, even)["csr-vector"])
+
+
 def test_row_order_alternative(rng):
     """Block tuning on a GPU also times the CSR formats' lanes kernels with the rows
     taken longest first from k = 8 where their lengths are uneven (spread 1.4+): in
@@ -304,12 +315,7 @@ def test_row_order_alternative(rng):
         for user in ({"lane_order": 2}, {"lane_split": 1}, {"lane_columns": 1}):
             assert all(p.get("lane_order") in (None, user.get("lane_order"))
                        for p in lists(gpu.profile, 8, **user)[name])
-    cpu = DEVICES[0].profile.replace(device_type="cpu")
-    assert all("lane_order" not in p for p in lists(cpu, 8)["csr-vector"])
-    for name in ("ell", "sell"):
-        assert all("lane_order" not in p for p in lists(gpu.profile, 8).get(name, []))
-    even = MatrixFeatures.from_csr(generators.random_uniform(2000, 2000, 20, seed=1))
-    assert all("lane_order" not in p for p in lists(gpu.profile, 8, even)["csr-vector"])
+    check_not_timed_off_gpu_csr(lists, gpu.profile, "lane_order")
     # Long, uneven rows: the split first, then the split with windows of 4096.
     long_rows = np.full(2000, 5)
     long_rows[::20] = 300
@@ -348,12 +354,7 @@ def test_split_rows_alternative_for_k_8(rng):
         assert sets[1] == {**sets[0], **SPLIT_CANDIDATE}, name
         assert all("lane_split" not in p for p in lists(gpu.profile, 32)[name])
         assert all("lane_split" not in p for p in lists(gpu.profile, 8, lane_columns=1)[name])
-    cpu = DEVICES[0].profile.replace(device_type="cpu")
-    assert all("lane_split" not in p for p in lists(cpu, 8)["csr-vector"])
-    for name in ("ell", "sell"):
-        assert all("lane_split" not in p for p in lists(gpu.profile, 8).get(name, []))
-    even = MatrixFeatures.from_csr(generators.random_uniform(2000, 2000, 20, seed=1))
-    assert all("lane_split" not in p for p in lists(gpu.profile, 8, even)["csr-vector"])
+    check_not_timed_off_gpu_csr(lists, gpu.profile, "lane_split")
     op = psc.SpMV(A, format="csr-vector", dtype=DTYPE, device=gpu,
                   **lists(gpu.profile, 8)["csr-vector"][1])
     assert op._impl._lane_split(8) == 4
