@@ -26,6 +26,7 @@ from .errors import (
     KernelBuildError,
 )
 from .host_buffers import COPY, in_place_mode
+from .kernel_objects import kernel_object
 
 DEVICE_ENV = "PYSPMV_CL_DEVICE"
 
@@ -164,7 +165,7 @@ def _probe_simd_width(context, device, subgroups):
         if value:
             return int(value)
     try:
-        kernel = get_program(context, device, _PROBE_SOURCE).all_kernels()[0]
+        kernel = kernel_object(get_program(context, device, _PROBE_SOURCE), "pyspmv_cl_probe")
     except Exception as exc:  # a driver that cannot build the probe still gets a profile
         warnings.warn(f"SIMD-width probe failed on {device.name!r}: {exc}", stacklevel=3)
         kernel = None

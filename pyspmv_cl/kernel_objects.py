@@ -121,3 +121,16 @@ def install() -> bool:
             return False
         _invoker.invoker_cache = _MemoryFront(table)
         return True
+
+
+def kernel_object(program, name):
+    """A new kernel object of ``program``'s kernel ``name``.  Not ``all_kernels()``:
+    pyopencl (2026.1) retains each kernel it returns once too often, so the driver's
+    kernel (and its program) outlived the object: 1-8 kB a discarded operator on PoCL,
+    without bound.  Not ``program.name`` either: that attribute lookup probes the
+    driver per attribute.  Made from pyopencl's underlying program where it has one: its
+    Kernel looks up ``_source`` on the program, which a program built from a binary
+    lacks, so pyopencl's attribute lookup asked the driver for a kernel of that name
+    (an error Oclgrind's API check reports)."""
+    underlying = getattr(type(program), "_get_prg", None)
+    return cl.Kernel(program._get_prg() if underlying is not None else program, name)

@@ -3,6 +3,7 @@
 import functools
 import math
 import threading
+import weakref
 
 import numpy as np
 import pyopencl as cl
@@ -380,9 +381,14 @@ class SpMV:
         """A^T as an operator (``op.T @ x``, ``op.T.matvec(x, out, alpha, beta)``,
         ``op.T.T is op``).  Its products run on the transposed copy (see
         ``rmatvec``)."""
-        if self._transposed_view is None:
-            self._transposed_view = TransposedView(self)
-        return self._transposed_view
+        # Held weakly: the view holds the operator, and an operator holding its view
+        # made a cycle that kept the matrix and its transposed copy on the device until
+        # a full garbage collection (an operator a time step piled up).
+        view = self._transposed_view and self._transposed_view()
+        if view is None:
+            view = TransposedView(self)
+            self._transposed_view = weakref.ref(view)
+        return view
 
     @property
     def H(self):
@@ -391,9 +397,11 @@ class SpMV:
         (``op.T`` then conjugates around it)."""
         if not self.is_complex:
             return self.T
-        if self._adjoint_view is None:
-            self._adjoint_view = TransposedView(self, conjugate=True)
-        return self._adjoint_view
+        view = self._adjoint_view and self._adjoint_view()   # (weakly: see T)
+        if view is None:
+            view = TransposedView(self, conjugate=True)
+            self._adjoint_view = weakref.ref(view)
+        return view
 
     @property
     def transposed(self):
@@ -626,7 +634,7 @@ class SpMV:
                 self._structure_source = _Pattern(*tuning.structure)
             if tuning.values_version != self._values_version:
                 # Values updated after the snapshot the candidates were built from.
-                ValueUpdater(impl, lambda: self._structure, self._nnz).update(
+                ValueUpdater(impl, self._structure_getter(), self._nnz).update(
                     self.queue, self._latest_values)
             self._impl = impl
             self.format = fmt
@@ -1084,6 +1092,12 @@ class SpMV:
         x.add_event(event)   # a later write to x waits for the reads here
         return out
 
+    def _structure_getter(self):
+        """``_structure`` read later, through a weak reference: the updater that keeps
+        it belongs to this operator (a closure over self made a cycle)."""
+        ref = weakref.ref(self)
+        return lambda: ref()._structure
+
     @property
     def _structure(self):
         """(indices, indptr) of the matrix given, on the host: the operator's own
@@ -1131,7 +1145,7 @@ class SpMV:
             self._latest_values = np.array(data, dtype=self.dtype)
         if self._updater is None or self._updater.fmt is not self._impl:
             # (The pattern only if the map needs it: the CSR kernels' does not.)
-            self._updater = ValueUpdater(self._impl, lambda: self._structure, self._nnz)
+            self._updater = ValueUpdater(self._impl, self._structure_getter(), self._nnz)
         self._updater.update(self.queue, data)
         if self._block_copy is not None:
             self._block_copy.update_values(data)

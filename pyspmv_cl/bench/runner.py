@@ -27,6 +27,7 @@ from .._version import __version__
 from ..cache import get_program
 from ..formats.base import format_bytes
 from ..inputs import needs_fp64
+from ..kernel_objects import kernel_object
 from ..launching import launch_kernel, launches_seconds
 from ..matrix import SpMV
 from .generators import from_spec
@@ -63,8 +64,7 @@ def copy_bandwidth(device, nbytes=None, repeats=20, min_time=0.2):
         nbytes = min(256 << 20, profile.max_alloc_size // 2, profile.global_mem_size // 8)
     n_vec = max(1, nbytes // 16)
     program = get_program(device.context, device.cl_device, codegen.helper("copy.cl"))
-    # all_kernels: pyopencl's attribute lookup would probe the driver per attribute.
-    kernel = {k.function_name: k for k in program.all_kernels()}["copy_float4"]
+    kernel = kernel_object(program, "copy_float4")
     queue = device.profiling_queue
     src = cl.Buffer(device.context, cl.mem_flags.READ_ONLY, n_vec * 16)
     dst = cl.Buffer(device.context, cl.mem_flags.WRITE_ONLY, n_vec * 16)

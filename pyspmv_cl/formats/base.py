@@ -525,9 +525,16 @@ class SpMVFormat:
         real = self.dtype.type
         alpha, beta = real(alpha), real(beta)
         ordered = in_order(queue)
+        plan = self.block_plan(int(k))
         last_args = self.__dict__.setdefault("_block_args", {})
+        # Only this product's widths keep their arguments (and with them the caller's X
+        # and Y, which a later product of other widths must not hold on to): the others
+        # set theirs all again when next used.
+        widths = {f"/{kb}" for _, kb in plan}
+        for key in [key for key in last_args if key[key.rindex("/"):] not in widths]:
+            del last_args[key]
         event = None
-        for col, kb in self.block_plan(int(k)):
+        for col, kb in plan:
             kernels, specs, wg = self._block(kb)
             for step in self.block_launches(kb, wg, beta):
                 step = step._replace(values={**step.values, "ldx": ldx, "x_col": col,
@@ -734,6 +741,8 @@ class SpMVFormat:
         their own arguments.  This object owns its kernel objects, so nothing else
         changes their arguments; it keeps x and y referenced while their handles sit
         in the kernels."""
+        if self.__dict__.get("_block_args"):   # a block product's X and Y: let them go
+            self._block_args.clear()
         key = (queue.int_ptr, complex(alpha), complex(beta))
         if key != self._plan_key:
             self._plan_key = None

@@ -17,6 +17,7 @@ import pyopencl as cl
 
 from .. import cache, codegen
 from ..codegen import KernelSpec
+from ..kernel_objects import kernel_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +74,20 @@ def build_program(device, program: ProgramSpec, *, dtype, index_dtype,
                                 profile=device.profile, kernels=program.kernels,
                                 work_group_size=int(work_group_size), **program.params)
         built = cache.get_program(ctx, dev, source)
-        probe = {k.function_name: k for k in built.all_kernels()}
-        missing = [k.name for k in program.kernels if k.name not in probe]
+        names = set(built.get_info(cl.program_info.KERNEL_NAMES).split(";"))
+        missing = [k.name for k in program.kernels if k.name not in names]
         if missing:
             raise KeyError(f"kernel(s) {missing} not in {program.template} "
-                           f"(has {sorted(probe)})")
-        limit = min(probe[k.name].get_work_group_info(
+                           f"(has {sorted(names)})")
+        limit = min(kernel_object(built, k.name).get_work_group_info(
             cl.kernel_work_group_info.WORK_GROUP_SIZE, dev) for k in program.kernels)
         hit = (built, int(limit))
         with _lock:
             # Keeping the context referenced keeps its int_ptr from being reused.
             _memo.setdefault(key, (*hit, ctx))
     built, limit = hit[0], hit[1]
-    # all_kernels: pyopencl's attribute lookup would probe the driver per attribute.
-    kernels = {k.function_name: k for k in built.all_kernels()}
-    return {k.name: kernels[k.name] for k in program.kernels}, limit
+    return {k.name: kernel_object(built, k.name) for k in program.kernels}, limit
+
 
 
 def clear_memo() -> None:

@@ -20,6 +20,7 @@ import pyopencl as cl
 from .. import codegen
 from ..cache import get_program
 from ..inputs import needs_fp64
+from ..kernel_objects import kernel_object
 from ..launching import enqueue_launch
 
 
@@ -67,7 +68,8 @@ class Transpose:
                       f"#define TC_LOG {tc.bit_length() - 1}\n"
                       f"#define TR_LOG {tr.bit_length() - 1}\n"
                       + codegen.helper("transpose.cl"))
-            kernel = get_program(device.context, device.cl_device, source).all_kernels()[0]
+            kernel = kernel_object(get_program(device.context, device.cl_device, source),
+                                   "transpose")
             fits = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE,
                                               device.cl_device)
             # 256 work-items on GPUs (4 values each); 64 on CPUs (16 each), where PoCL
