@@ -217,16 +217,19 @@ def check_scalar_range(name, value, dtype) -> None:
     that type, so 1e300 gave inf and 1e-50 gave 0, with numpy's overflow warning at
     most.  NaN and inf themselves pass (the caller asked for them)."""
     real = np.finfo(dtype)
-    # (Python floats: numpy would cast the value to float32 to compare it with a float32)
     largest, smallest = float(real.max), float(real.smallest_subnormal)
     for part in (value.real, value.imag) if isinstance(value, complex) else (value,):
         size = abs(part)
-        if largest < size < float("inf"):
+        # What the type rounds the value to decides (a value just past its largest
+        # rounds down to it; half its smallest subnormal rounds to 0)
+        with np.errstate(over="ignore", under="ignore"):
+            held = abs(float(real.dtype.type(size)))
+        if held == float("inf") and size < float("inf"):
             raise InvalidInputError(
                 f"{name}={value!r} is outside {real.dtype}'s range (largest {largest:.3g}): "
                 f"this operator computes in {np.dtype(dtype)}; build one with a 64-bit "
                 f"dtype, or scale {name} into range")
-        if 0 < size < smallest / 2:
+        if size > 0 and held == 0:
             raise InvalidInputError(
                 f"{name}={value!r} would round to 0 in {np.dtype(dtype)}, the type this "
                 f"operator computes in (smallest {smallest:.3g}); build one "

@@ -19,6 +19,7 @@ from .adjoint import (
     linear_operator,
     rmatmul,
 )
+from .array_ops import scale_and_add
 from .block_copy import BlockCopy, copy_seconds, saved_seconds, wants_copy
 from .device import get_device, runs_in_calling_thread
 from .device_inputs import (
@@ -513,13 +514,21 @@ class SpMV:
                 raise UnsupportedDtypeError(
                     f"the result is complex ({result_dtype}) but out is {out.dtype}: give "
                     "a complex out")
-        z = self._matvec_host(np.real(x), None, 1.0, 0.0).astype(result_dtype)
+        # Parts assembled and scaled apart where the scalar is real: a complex multiply
+        # by alpha + 0j, and 1j times a real part, would turn an inf into inf + NaN j.
+        z = np.zeros(expected, dtype=result_dtype)
+        z.real = self._matvec_host(np.real(x), None, 1.0, 0.0)
         if x.dtype.kind == "c":
-            z += 1j * self._matvec_host(np.imag(x), None, 1.0, 0.0)
-        if alpha != 1:   # (1+0j) * inf would make the imaginary part NaN
-            z *= alpha
-        if beta != 0:
-            z += beta * out
+            z.imag = self._matvec_host(np.imag(x), None, 1.0, 0.0)
+        with np.errstate(all="ignore"):   # (inf and NaN as the kernels give them)
+            if isinstance(alpha, complex):
+                z *= alpha
+            elif alpha != 1:   # each real product scaled, as a real operator does
+                z.real *= alpha
+                if x.dtype.kind == "c":
+                    z.imag *= alpha
+            if beta != 0:   # numpy's beta * out; 1 not multiplied in (README)
+                z += out if beta == 1 else beta * out
         if out is None:
             return z
         out[...] = z
@@ -833,7 +842,8 @@ class SpMV:
                 # before out is written: they may overlap)
                 y = self._matvec_host(x, None, alpha, 0.0)
                 with np.errstate(all="ignore"):   # (inf and NaN as the kernels give them)
-                    np.multiply(out, beta, out=out)
+                    if beta != 1:   # (1 not multiplied in: README)
+                        np.multiply(out, beta, out=out)
                     np.add(out, y.reshape(expected), out=out)
                 return out
         if x.ndim == 2 and x.shape[1] != 1 and self.has_block_kernels:
@@ -1083,9 +1093,8 @@ class SpMV:
                                      self._device_buffer(y_work, "out"), alpha,
                                      0.0 if finer else beta, wait_for or None, block)
         if finer:
-            view = out.with_queue(queue)
-            event = cla.Array._axpbyz(view, beta, view, 1, y_work, queue=queue,
-                                      wait_for=[event, *out.events])
+            event = scale_and_add(out.with_queue(queue), beta, y_work,
+                                  wait_for=[event, *out.events])
         elif y_work is not out:
             event = cast(out, y_work, [event] + list(out.events))[0]
         out.add_event(event)

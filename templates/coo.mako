@@ -162,6 +162,7 @@ ${signature("coo_empty_rows")}
     const size_t i = get_global_id(0);
     if (i < n_empty) {
         const index_t row = empty_rows[i];
-        y[row] = NONZERO(beta) ? MUL(beta, y[row]) : (real_t)0;
+        // alpha * 0 (+ beta * y): NaN where alpha is inf or NaN, as a row's sum of 0
+${c.store_y("row", "(real_t)(0)")}
     }
 }

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pyspmv_cl"
 LAYERS = [
     {"_version", "errors", "store", "features", "launching", "codegen", "cache",
      "host_arrays", "host_buffers", "device", "inputs", "device_inputs", "background_upload",
-     "kernel_objects", "pinned_staging", "numbering"},
+     "kernel_objects", "pinned_staging", "numbering", "array_ops"},
     {"formats"},
     {"tuning"},
     {"matrix", "adjoint", "block_copy"},

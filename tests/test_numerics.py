@@ -17,6 +17,7 @@ span six decades, so long rows, big carries and cancellation are all exercised.
 """
 
 import numpy as np
+import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import poisoned, skip_without_fp64
@@ -249,3 +250,72 @@ def test_deterministic_run_to_run(fmt, dtype, profile, device, rng):
     for y in results:
         assert np.array_equal(y, expected), (
             f"{fmt}: {np.count_nonzero(y != expected)} entries differ between runs")
+
+
+@with_formats
+def test_non_finite_alpha_on_rows_without_entries(fmt, device, rng):
+    """alpha * (A @ x) + beta * y with alpha inf or NaN: rows without entries are NaN
+    (inf * 0), as numpy gives, whatever beta.  coo left them at 0, or at beta * y, and
+    skipped them altogether for beta == 1 (a test drive found it)."""
+    A = sp.csr_matrix(np.array([[0, 0, 0], [1, 2, 0], [0, 0, 0], [0, 3, 1.5]]))
+    params = {"max_padding": np.inf} if fmt in ("ell", "ellr-t") else {}
+    try:
+        op = psc.SpMV(A, format=fmt, dtype=np.float32, device=device, **params)
+    except psc.FormatNotSuitableError:
+        pytest.skip(f"{fmt} refuses this matrix")
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    for alpha in (np.inf, -np.inf, np.nan):
+        for beta, y0 in ((0.0, None), (1.0, np.full(4, 2.0)), (0.5, np.full(4, 2.0))):
+            out = None if y0 is None else y0.astype(np.float32)
+            got = op.matvec(x, out=out, alpha=alpha, beta=beta)
+            with np.errstate(all="ignore"):
+                want = alpha * (A @ x.astype(np.float64)) + (0 if y0 is None else beta * y0)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=(alpha, beta))
+            finite = ~np.isnan(want)
+            np.testing.assert_array_equal(got[finite], want[finite].astype(np.float32))
+
+
+def test_a_scalar_of_one_is_not_multiplied_in_on_every_path(device, rng):
+    """beta == 1 adds out as it is (README): (inf + 0j) * (1 + 0j) is inf + NaN j, which
+    hyb's complex |alpha| > 1 path, an out finer than the operator's type, and a real
+    operator's complex products (host and device) gave; a real alpha on a real operator
+    with a real x and a complex out scaled the zero imaginary part (inf * 0)."""
+    skip_without_fp64(device, np.complex128)
+    A = sp.csr_matrix(np.array([[1.0, 0.0], [1.0, 2.0]]))
+    x = np.array([1.0, 1.0])
+    y0 = np.array([np.inf + 0j, 1 + 0j])
+    want = np.array([np.inf + 0j, 2.5 * 3 + 1])
+    hyb = psc.SpMV(A, format="hyb", dtype=np.complex64, device=device)
+    for op, out_dtype in ((hyb, np.complex64),
+                          (psc.SpMV(A, format="csr-scalar", dtype=np.complex64,
+                                    device=device), np.complex128),
+                          (psc.SpMV(A, format="csr-scalar", dtype=np.float64,
+                                    device=device), np.complex128)):
+        out = y0.astype(out_dtype)
+        op.matvec(x.astype(op.dtype), out=out, alpha=2.5, beta=1.0)
+        np.testing.assert_array_equal(out, want.astype(out_dtype))
+        if np.dtype(op.dtype).kind == "c":   # the device path, out of either type
+            out_d = cla.to_device(op.queue, y0.astype(out_dtype))
+            op.matvec(cla.to_device(op.queue, x.astype(op.dtype)), out=out_d, alpha=2.5,
+                      beta=1.0)
+            np.testing.assert_array_equal(out_d.get(), want.astype(out_dtype))
+    real = psc.SpMV(A, format="csr-scalar", dtype=np.float64, device=device)
+    out = np.array([1 + 1j, 1 + 1j])
+    real.matvec(x, out=out, alpha=np.inf, beta=0.5)
+    np.testing.assert_array_equal(out, np.array([np.inf + 0.5j, np.inf + 0.5j]))
+
+
+def test_scalar_range_follows_the_types_rounding(device):
+    """alpha/beta refused where float32 holds them as inf or 0, decided by float32's
+    rounding: its largest value written in more digits is taken, half its smallest
+    subnormal (which rounds to 0) refused."""
+    op = psc.SpMV(sp.csr_matrix(np.array([[1.0, 1.0]])), format="csr-scalar",
+                  dtype=np.float32, device=device)
+    x = np.array([1.0, 0.0], np.float32)
+    top = 3.402823567797336e38   # float32 rounds it to its largest, 3.4028235e38
+    assert op.matvec(x, alpha=top)[0] == np.finfo(np.float32).max
+    with pytest.raises(psc.InvalidInputError, match="round to 0"):
+        op.matvec(x, alpha=2.0 ** -150)
+    with pytest.raises(psc.InvalidInputError, match="outside float32's range"):
+        op.matvec(x, alpha=3.5e38)
+    assert op.matvec(x, alpha=2.0 ** -149)[0] == np.float32(2.0 ** -149)

@@ -727,7 +727,14 @@ class SpMVFormat:
     def bound_launches(self, x_buf, y_buf, alpha, beta) -> list[Launch]:
         """The launches of one product with every argument bound (``alpha`` and ``beta``
         in this operator's real type)."""
-        return [self._bind(s, x_buf, y_buf, alpha, beta) for s in self.launches(beta)]
+        return [self._bind(s, x_buf, y_buf, alpha, beta)
+                for s in self.launches_for(alpha, beta)]
+
+    def launches_for(self, alpha, beta) -> list[Step]:
+        """The launches of one product with these scalars: ``launches(beta)``, unless a
+        format's launches depend on alpha too (coo: rows without entries are written
+        when alpha is not finite, alpha * 0 being NaN there)."""
+        return self.launches(beta)
 
     def enqueue(self, queue, x_buf, y_buf, alpha, beta, wait_for=None):
         """Enqueue y = alpha*A@x + beta*y (y not read when beta == 0); returns the event

@@ -55,7 +55,8 @@ COO_KERNELS = (
         scalar("n_carries", "ulong"), scratch("carry_rows", "index_t", read_only=True),
         scratch("carry_values", "real_t", read_only=True), Y_ARG, ALPHA_ARG, BETA_ARG)),
     KernelSpec("coo_empty_rows", (
-        scalar("n_empty", "ulong"), matrix("empty_rows", "index_t"), Y_ARG, BETA_ARG)),
+        scalar("n_empty", "ulong"), matrix("empty_rows", "index_t"), Y_ARG, ALPHA_ARG,
+        BETA_ARG)),
 )
 
 #: The kernels of templates/coo_convert.mako (conversion on the device).
@@ -274,13 +275,14 @@ class COOPart:
                 self.prefix + "carry_values": n * self.owner.dtype.itemsize}
 
     # -- launches ------------------------------------------------------------------------
-    def steps(self, beta, *, accumulate=False):
+    def steps(self, beta, *, accumulate=False, empty_rows=False):
         """The launches of y = alpha * A @ x + beta * y over this part's rows (none when
         there is nothing to do); ``accumulate``: y += alpha * A @ x whatever the
-        product's beta (the part adds into a y another part has written)."""
+        product's beta (the part adds into a y another part has written);
+        ``empty_rows``: the rows without entries written even where beta is 1."""
         owner, out = self.owner, []
         values = {"beta": owner.dtype.type(1)} if accumulate else {}
-        if self.n_empty and beta != 1 and not accumulate:
+        if self.n_empty and (beta != 1 or empty_rows) and not accumulate:
             out.append(owner.step("coo_empty_rows", round_up(self.n_empty, AUX_WORK_GROUP_SIZE),
                                   AUX_WORK_GROUP_SIZE, prefix=self.prefix,
                                   n_empty=self.n_empty))
@@ -350,3 +352,8 @@ class COO(SpMVFormat):
 
     def launches(self, beta):
         return self.part.steps(beta)
+
+    def launches_for(self, alpha, beta):
+        # beta == 1 leaves the rows without entries as they are, unless alpha * 0 is NaN
+        # there (alpha inf or NaN), as in every other format and in numpy
+        return self.part.steps(beta, empty_rows=not np.isfinite(alpha))

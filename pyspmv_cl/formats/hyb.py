@@ -31,6 +31,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from ..array_ops import scale_and_add
 from ..host_arrays import bare_csr
 from . import ell_device
 from . import params as P
@@ -235,8 +236,13 @@ class HYB(SpMVFormat):
         if beta == 0:   # y not read (it may hold NaN)
             return cla.Array._axpbz(y, scalar(alpha), t, scalar(0), queue=queue,
                                     wait_for=[event])
-        return cla.Array._axpbyz(y, scalar(alpha), t, scalar(beta), y, queue=queue,
+        if self.dtype.kind != "c":
+            return cla.Array._axpbyz(y, scalar(alpha), t, scalar(beta), y, queue=queue,
+                                     wait_for=[event])
+        # complex: alpha * t first, then beta * y + it without multiplying by 1 + 0j
+        event = cla.Array._axpbz(t, scalar(alpha), t, scalar(0), queue=queue,
                                  wait_for=[event])
+        return scale_and_add(y, beta, t, wait_for=[event])
 
     def launches(self, beta):
         wg = self.params["work_group_size"]
