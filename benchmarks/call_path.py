@@ -42,9 +42,15 @@ import pyopencl.array as cla
 import scipy
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec, resolve_name
 from pyspmv_cl.bench.peers import available_peers
 from pyspmv_cl.bench.runner import kernel_seconds
+from pyspmv_cl.bench.script_args import (
+    check_matrices,
+    device_or_error,
+    dtypes_or_error,
+    reference_dtype,
+    tolerance,
+)
 
 MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
 
@@ -64,7 +70,8 @@ def measure(label, A, dtype, args, peers, rng):
     op.finish_tuning()
     setup = time.perf_counter() - t0
     x = rng.standard_normal(A.shape[1]).astype(dtype)
-    reference = A.astype(np.float64) @ x.astype(np.float64)
+    wide = reference_dtype(dtype)   # complex128 for complex values: keep imaginary parts
+    reference = A.astype(wide) @ x.astype(wide)
     q = op.queue
     x_dev, y_dev = cla.to_device(q, x), cla.empty(q, A.shape[0], op.dtype)
     default_mode = op._host_mode
@@ -95,11 +102,11 @@ def measure(label, A, dtype, args, peers, rng):
         f = peer.prepare(A, dtype)
         contenders[peer.name.replace("-csr", "")] = (lambda f=f: f(x))
     scale = np.abs(A).astype(np.float64) @ np.abs(x).astype(np.float64) + 1e-30
-    tol = 1e-4 if dtype == np.float32 else 1e-10
+    tol = tolerance(dtype, 1e-4, 1e-10)
     for name, f in contenders.items():
         y = f()
         y = y.get() if isinstance(y, cla.Array) else y
-        err = np.max(np.abs(np.asarray(y, dtype=np.float64) - reference) / scale)
+        err = np.max(np.abs(np.asarray(y, dtype=wide) - reference) / scale)
         if not err < tol:
             raise AssertionError(f"{label} {dtype}: {name} is off by {err:.2e}")
     samples = {name: [] for name in contenders}
@@ -150,13 +157,15 @@ def main(argv=None):
     for p in found:
         if not p.available:   # (a missing library: its columns stay out)
             print(f"peer {p.name} left out: {p.reason}", file=sys.stderr)
+    dtypes = dtypes_or_error(parser, args.dtypes)
+    if args.device != "default":
+        device_or_error(parser, args.device)
     rng = np.random.default_rng(0)
-    specs = args.matrices or SHARED + GENERATED
+    matrices = check_matrices(parser, args.matrices or SHARED + GENERATED, MATRIX_DIR)
     rows = []
-    for spec in specs:
-        label, A = from_spec(resolve_name(spec, MATRIX_DIR))
-        for dtype in args.dtypes.split(","):
-            row = measure(label, A, np.dtype(dtype), args, peers, rng)
+    for label, A in matrices:
+        for dtype in dtypes:
+            row = measure(label, A, dtype, args, peers, rng)
             rows.append(row)
             best = min(row.get("torch_us", np.inf), row.get("scipy_us", np.inf))
             best = best if best < np.inf else np.nan   # (no peer)

@@ -43,8 +43,16 @@ import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.generators import replicate_to
 from pyspmv_cl.bench.runner import wall_times
+from pyspmv_cl.bench.script_args import (
+    check_matrices,
+    device_or_error,
+    dtypes_or_error,
+    positive_int,
+    reference_dtype,
+    tolerance,
+)
 from pyspmv_cl.device_inputs import DeviceCSR
 from pyspmv_cl.features import MatrixFeatures
 from pyspmv_cl.formats import get_format
@@ -118,11 +126,12 @@ def measure(label, A, device, dtype, given, repeat):
     x_dev = cla.to_device(queue, x.astype(dtype))
     y_dev = cla.empty(queue, A.shape[0], dtype)
     op.matvec(x_dev, out=y_dev)
-    y_ref = A.astype(np.float64) @ x
-    y = y_dev.get(queue).astype(np.float64)
+    wide = reference_dtype(dtype)   # complex128 for complex values: keep imaginary parts
+    y_ref = A.astype(wide) @ x
+    y = y_dev.get(queue).astype(wide)
     scale = abs(A).astype(np.float64) @ np.abs(x) + 1e-30
     worst = float(np.max(np.abs(y - y_ref) / scale)) if A.shape[0] else 0.0
-    if worst > (1e-3 if np.dtype(dtype) == np.float32 else 1e-9):
+    if worst > tolerance(dtype, 1e-3, 1e-9):
         raise AssertionError(f"{label}: csr5 product off by {worst:.2e} (relative)")
 
     def spmv():
@@ -169,16 +178,21 @@ def main(argv=None):
                         + ", ".join(DEFAULT_MATRICES) + ")")
     parser.add_argument("--device", default="0:0", help="platform:device (P:D)")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per column")
+    parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs per column")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a csr5 parameter (omega, sigma, ...), repeatable")
     parser.add_argument("--replicate-to", type=float, default=0,
                         help="replicate each matrix block-diagonally to this many non-zeros")
     parser.add_argument("--json", help="write the rows here as JSON")
     args = parser.parse_args(argv)
+    if not args.replicate_to >= 0:
+        parser.error("--replicate-to must be a count >= 0")
+    if "," in args.dtype:
+        parser.error(f"--dtype {args.dtype!r}: one value type")
+    dtype = dtypes_or_error(parser, args.dtype, "--dtype")[0]
+    matrices = check_matrices(parser, args.matrices, MATRIX_DIR)
     # Kernels are timed by their profiling events: the device's profiling queue.
-    device = psc.get_device(args.device).profiling_device()
-    dtype = np.dtype(args.dtype)
+    device = device_or_error(parser, args.device).profiling_device()
     given = parse_sets(args.set)
     print(f"device: {device.cl_device.name.strip()} ({device.profile.device_type}), "
           f"{dtype.name}; medians of {args.repeat}, milliseconds", flush=True)
@@ -186,9 +200,8 @@ def main(argv=None):
         + f" {'host/device':>11}"
     print(header, flush=True)
     rows = []
-    for spec in args.matrices:
-        label, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)),
-                                args.replicate_to)
+    for label, A in matrices:
+        label, A = replicate_to(label, A, args.replicate_to)
         if A.dtype.kind == "c":
             A = A.real.tocsr()
         row = measure(label, A, device, dtype, given, args.repeat)

@@ -15,6 +15,7 @@ cores (and the memory bus) with each other and with anything else running.
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -22,13 +23,14 @@ from mpi4py import MPI
 
 import pyspmv_cl.distributed as psd
 from pyspmv_cl.bench.generators import from_spec
+from pyspmv_cl.bench.script_args import nonnegative_int, positive_int, resolve_matrix
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("matrices", nargs="*", default=["poisson2d:700"])
-    parser.add_argument("--repeat", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeat", type=positive_int, default=50)
+    parser.add_argument("--warmup", type=nonnegative_int, default=5)
     parser.add_argument("--format", default="csr-scalar")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="node-local")
@@ -36,7 +38,17 @@ def main():
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     for spec in args.matrices:
-        A = from_spec(spec)[1] if comm.rank == 0 else None
+        A, error = None, None
+        if comm.rank == 0:
+            try:
+                A = from_spec(resolve_matrix(spec))[1]
+            except ValueError as exc:   # a bad spec: every rank stops, one message
+                error = str(exc).splitlines()[0]
+        error = comm.bcast(error, root=0)
+        if error is not None:
+            if comm.rank == 0:
+                print(f"{parser.prog}: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(2)
         op = psd.SpMV.from_global(A, comm, dtype=np.dtype(args.dtype), format=args.format,
                                   offdiag_format=args.format, device=args.device)
         x = np.ones(op.local_shape[1], dtype=op.dtype)

@@ -17,7 +17,12 @@ import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec
+from pyspmv_cl.bench.script_args import (
+    check_matrices,
+    device_or_error,
+    dtypes_or_error,
+    positive_int,
+)
 from pyspmv_cl.launching import record_launches
 
 
@@ -56,20 +61,23 @@ def breakdown(op, x_dev, y_dev, repeats):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("matrices", nargs="+", help="generator specs or .mtx(.gz) files")
+    parser.add_argument("matrices", nargs="+", help="generator specs, .mtx(.gz) files "
+                        "or names of the shared matrices")
     parser.add_argument("--formats", default="csr5,bccoo,coo")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=positive_int, default=20)
     parser.add_argument("--set", action="append", default=[], metavar="FORMAT:KEY=VALUE",
                         help="a format parameter (repeatable)")
     args = parser.parse_args(argv)
+    if "," in args.dtype:
+        parser.error(f"--dtype {args.dtype!r}: one value type")
+    dtype = dtypes_or_error(parser, args.dtype, "--dtype")[0]
+    matrices = check_matrices(parser, args.matrices)
     # Kernels are timed by their profiling events: the device's profiling queue.
-    device = psc.get_device(args.device).profiling_device()
+    device = device_or_error(parser, args.device).profiling_device()
     settings = parse_settings(args.set)
-    dtype = np.dtype(args.dtype)
-    for spec in args.matrices:
-        name, A = from_spec(spec)
+    for name, A in matrices:
         x = np.random.default_rng(0).standard_normal(A.shape[1]).astype(dtype)
         for fmt in args.formats.split(","):
             try:

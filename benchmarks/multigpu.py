@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from pyspmv_cl.bench.script_args import nonnegative_int, positive_int
+
 
 def parse_matrix(spec):
     kind, _, rest = spec.partition(":")
@@ -370,9 +372,10 @@ def model_report(path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("matrices", nargs="*", default=["stencil:2e6", "powerlaw:2e6"])
-    parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--cg", type=int, default=50, help="CG iterations (0: none)")
+    parser.add_argument("--repeat", type=positive_int, default=30)
+    parser.add_argument("--warmup", type=nonnegative_int, default=3)
+    parser.add_argument("--cg", type=nonnegative_int, default=50,
+                        help="CG iterations (0: none)")
     parser.add_argument("--dtype", default="float64")
     parser.add_argument("--stencil-format", default="sell")
     parser.add_argument("--powerlaw-format", default="csr-vector")
@@ -384,6 +387,8 @@ def main():
     parser.add_argument("--model", metavar="JSONL", help="print the model against the "
                         "measurements in this file (no MPI) and exit")
     args = parser.parse_args()
+    for spec in args.matrices:   # every rank checks them before any MPI call
+        parse_matrix(spec)
     if args.model:
         model_report(args.model)
         return

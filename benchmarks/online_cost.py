@@ -37,7 +37,13 @@ import pyopencl.array as cla
 
 import pyspmv_cl as psc
 from pyspmv_cl import cache
-from pyspmv_cl.bench.generators import from_spec, replicate_to
+from pyspmv_cl.bench.generators import replicate_to
+from pyspmv_cl.bench.script_args import (
+    check_matrices,
+    device_or_error,
+    dtypes_or_error,
+    reference_dtype,
+)
 from pyspmv_cl.formats import builder
 from pyspmv_cl.tuning import database, online, tuner
 
@@ -116,9 +122,10 @@ def run_case(name, A, device, dtype, products, trigger, marks):
     op.finish_tuning()
     for d in dirs:   # (the decisions are in the row)
         shutil.rmtree(d, ignore_errors=True)
-    ref = A.astype(np.float64) @ x.get().astype(np.float64)
-    scale = float(np.max(abs(A.astype(np.float64)) @ np.abs(x.get()))) or 1.0
-    error = float(np.max(np.abs(y.get() - ref))) / scale
+    wide = reference_dtype(dtype)   # complex128 for complex values: keep imaginary parts
+    ref = A.astype(wide) @ x.get().astype(wide)
+    scale = float(np.max(abs(A).astype(np.float64) @ np.abs(x.get()))) or 1.0
+    error = float(np.max(np.abs(y.get().astype(wide) - ref))) / scale
     base = float(np.median(walls[:trigger]))
     entry = tuning.decision.entry if tuning.decision is not None else None
     return {"matrix": name, "dtype": np.dtype(dtype).name, "nnz": int(A.nnz),
@@ -136,7 +143,8 @@ def run_case(name, A, device, dtype, products, trigger, marks):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("specs", nargs="+", help="generator specs or .mtx(.gz) paths")
+    ap.add_argument("specs", nargs="+", help="generator specs, .mtx(.gz) paths or "
+                    "names of the shared matrices")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--replicate-to", type=float, default=2e7,
@@ -149,13 +157,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not 1 <= args.trigger < args.products - 500:
         ap.error("--trigger must leave at least 500 products after it")
+    if not args.replicate_to >= 0:
+        ap.error("--replicate-to must be a count >= 0")
+    dtypes = dtypes_or_error(ap, args.dtypes)
+    matrices = check_matrices(ap, args.specs)
+    device = device_or_error(ap, args.device)
     online.trigger_calls = lambda *a, **k: args.trigger
     marks = Marks()
-    device = psc.get_device(args.device)
     rows = []
-    for spec in args.specs:
-        name, A = replicate_to(*from_spec(spec), args.replicate_to, sep="x")
-        for dtype in (np.dtype(d) for d in args.dtypes.split(",")):
+    for name, A in matrices:
+        name, A = replicate_to(name, A, args.replicate_to, sep="x")
+        for dtype in dtypes:
             row = run_case(name, A.astype(dtype), device, dtype, args.products,
                            args.trigger, marks)
             rows.append(row)

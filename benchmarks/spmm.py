@@ -24,8 +24,8 @@ import numpy as np
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec
 from pyspmv_cl.bench.runner import wall_times
+from pyspmv_cl.bench.script_args import check_matrices, device_or_error, positive_int
 
 KS = (1, 4, 16, 64)
 
@@ -85,23 +85,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=positive_int, default=9)
     parser.add_argument("--matrix", action="append")
     parser.add_argument("--format", action="append")
-    parser.add_argument("--k", type=int, action="append")
+    parser.add_argument("--k", type=positive_int, action="append")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    device = psc.get_device(args.device)
+    matrices = check_matrices(parser, args.matrix or ["random:200000,10", "poisson2d:450"])
+    device = device_or_error(parser, args.device)
     dtype = np.dtype(args.dtype)
-    matrices = args.matrix or ["random:200000,10", "poisson2d:450"]
     formats = args.format or ["csr-scalar", "sell", "csr-vector", "ell"]
     ks = tuple(args.k or KS)
     print(f"device: {device.profile.name}, dtype {dtype}, medians of {args.repeats} (ms)")
     print(f"{'matrix':28} {'format':11} {'k':>3} {'block host':>10} {'loop host':>10} "
           f"{'block dev':>10} {'loop dev':>10} {'scipy':>8} {'dev speed-up':>12}")
     results = []
-    for spec in matrices:
-        name, A = from_spec(spec)
+    for name, A in matrices:
         for fmt in formats:
             try:
                 rows = bench(A, fmt, dtype, device, args.repeats, ks)

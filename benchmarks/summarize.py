@@ -39,6 +39,29 @@ def pivot(results, dtype):
     return "\n".join(out)
 
 
+DTYPE_ORDER = ("float32", "float64", "complex64", "complex128")
+ENV_KEYS = {"device", "platform", "compute_units", "copy_gbps"}
+
+
+def build(data):
+    """(terminal text, the .md text) of a run_suite / bench result; KeyError,
+    TypeError or ValueError when ``data`` is not one."""
+    env, results = data["environment"], data["results"]
+    if not isinstance(env, dict) or not ENV_KEYS <= set(env):
+        raise KeyError("environment")
+    if not isinstance(results, list) or not all(
+            isinstance(r, dict) and {"impl", "dtype", "matrix"} <= set(r)
+            and ("error" in r or {"seconds", "rows", "nnz"} <= set(r)) for r in results):
+        raise KeyError("results")
+    # A table per value type the results hold (known ones first, then any other).
+    present = list(dict.fromkeys(r["dtype"] for r in results if "seconds" in r))
+    dtypes = [d for d in DTYPE_ORDER if d in present] + \
+        [d for d in present if d not in DTYPE_ORDER]
+    tables = [pivot(results, dt) for dt in dtypes]
+    text = "\n\n".join(tables) + "\n\n" + "\n".join(summary_lines(results))
+    return text, format_table(env, results) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a JSON of run_suite.py or `pyspmv-cl bench --json`")
@@ -46,24 +69,20 @@ def main(argv=None):
     try:
         with open(path) as fh:
             data = json.load(fh)
-        results = data["results"]
-        if not isinstance(results, list) or not all(
-                isinstance(r, dict) and {"impl", "dtype", "matrix"} <= set(r) for r in results):
-            raise KeyError("results")
     except (OSError, ValueError) as exc:
         parser.error(f"cannot read {path}: {exc}")
-    except (KeyError, TypeError):
+    # Everything is built before the .md is opened: a wrong JSON leaves it alone.
+    try:
+        text, md = build(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
         parser.error(f"{path} is not a JSON of run_suite.py or `pyspmv-cl bench --json` "
-                     "(no results with matrix, impl and dtype)")
-    # A table per value type the results hold.
-    tables = [pivot(results, dt) for dt in ("float32", "float64")
-              if any(r["dtype"] == dt and "seconds" in r for r in results)]
-    print("\n\n".join(tables))
-    print()
-    print("\n".join(summary_lines(results)))
+                     "(needs an environment with device, platform, compute_units and "
+                     "copy_gbps, and results with matrix, impl, dtype and seconds, rows "
+                     "and nnz or an error)")
+    print(text)
     full = path.rsplit(".", 1)[0] + ".md"
     with open(full, "w") as fh:
-        fh.write(format_table(data["environment"], results) + "\n")
+        fh.write(md)
 
 
 if __name__ == "__main__":

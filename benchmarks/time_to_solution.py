@@ -41,6 +41,7 @@ import pyspmv_cl as psc
 from pyspmv_cl import cache
 from pyspmv_cl.bench.generators import from_spec, replicate_to
 from pyspmv_cl.bench.peers import available_peers
+from pyspmv_cl.bench.script_args import resolve_matrix
 from pyspmv_cl.formats import builder
 from pyspmv_cl.tuning import database
 
@@ -251,7 +252,8 @@ def table(env_info, rows):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("specs", nargs="+", help="generator specs or .mtx(.gz) paths")
+    ap.add_argument("specs", nargs="+", help="generator specs, .mtx(.gz) paths or names "
+                    "of the shared matrices (PYSPMV_CL_MATRIX_DIR)")
     ap.add_argument("--device", default=None,
                     help="a selection, or 'default': SpMV(A) chooses, as for a user who "
                     "gives none (with POCL_DEVICES='pthread basic': the driver by size)")
@@ -322,7 +324,8 @@ def main(argv=None):
         env = Environment(root)
         for spec in args.specs:
             try:
-                name, A = replicate_to(*from_spec(spec), args.replicate_to, sep="x")
+                name, A = replicate_to(*from_spec(resolve_matrix(spec)), args.replicate_to,
+                                       sep="x")
             except ValueError as exc:   # (a bad spec: the generators' help is in exc)
                 ap.error(str(exc).splitlines()[0])
             for dtype in dtypes:

@@ -34,8 +34,15 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.generators import replicate_to
 from pyspmv_cl.bench.runner import wall_times
+from pyspmv_cl.bench.script_args import (
+    check_matrices,
+    device_or_error,
+    dtypes_or_error,
+    positive_int,
+    reference_dtype,
+)
 
 #: The shared matrices beside the checkout (PYSPMV_CL_MATRIX_DIR overrides).
 MATRIX_DIR = Path(__file__).resolve().parents[2] / "shared" / "matrices"
@@ -76,10 +83,11 @@ def bench(A, dtype, fmt, device, repeats, rng):
     # The values now held: the last update's; check the product against scipy.
     last = values[(next(calls) - 1) % 2]
     B = A.copy()
-    B.data = last.astype(np.float64)
+    wide = reference_dtype(dtype)   # complex128 for complex values: keep imaginary parts
+    B.data = last.astype(wide)
     spmv()
-    want = B @ x.astype(np.float64)
-    err = float(np.abs(yd.get() - want).max() / max(np.abs(want).max(), 1e-300))
+    want = B @ x.astype(wide)
+    err = float(np.abs(yd.get().astype(wide) - want).max() / max(np.abs(want).max(), 1e-300))
     return {"format": op.format, "first_s": first, "update_s": update_s,
             "upload_s": upload_s, "spmv_s": spmv_s,
             "budget": update_s / (upload_s + 2 * spmv_s), "rel_err": err}
@@ -92,18 +100,22 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--formats", default="sell,csr-vector,coo,hyb,ell,csr5,bccoo")
     ap.add_argument("--replicate-to", type=float, default=0)
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=positive_int, default=9)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    device = psc.get_device(args.device)
+    if not args.replicate_to >= 0:
+        ap.error("--replicate-to must be a count >= 0")
+    dtypes = [d.name for d in dtypes_or_error(ap, args.dtypes)]
+    matrices = check_matrices(ap, args.matrices, MATRIX_DIR)
+    device = device_or_error(ap, args.device)
     rng = np.random.default_rng(0)
     print(f"device: {device}", flush=True)
     print(f"{'matrix':>24} {'dtype':>8} {'format':>10} {'first ms':>9} {'update ms':>9} "
           f"{'upload ms':>9} {'spmv ms':>8} {'budget':>6} {'rel err':>8}", flush=True)
     rows = []
-    for spec in args.matrices:
-        name, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)), args.replicate_to)
-        for dtype in args.dtypes.split(","):
+    for name, A in matrices:
+        name, A = replicate_to(name, A, args.replicate_to)
+        for dtype in dtypes:
             for fmt in args.formats.split(","):
                 try:
                     row = bench(A, dtype, fmt, device, args.repeats, rng)

@@ -41,8 +41,9 @@ import pyopencl.array as cla
 import scipy.sparse as sp
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.generators import replicate_to
 from pyspmv_cl.bench.runner import wall_times
+from pyspmv_cl.bench.script_args import check_matrices, device_or_error, positive_int
 from pyspmv_cl.launching import launches_seconds
 
 #: The shared matrices beside the checkout (PYSPMV_CL_MATRIX_DIR overrides).
@@ -86,18 +87,22 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="pyspmv_cl device selection (P:D, ...)")
     ap.add_argument("--formats", default="sell,csr-vector")
     ap.add_argument("--replicate-to", type=float, default=0)
-    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--repeats", type=positive_int, default=11)
     ap.add_argument("--json", default=None, help="write the rows to this file")
     args = ap.parse_args(argv)
+    if not args.replicate_to >= 0:
+        ap.error("--replicate-to must be a count >= 0")
+    # Bad arguments stop here, one line each, before any measuring.
+    matrices = check_matrices(ap, args.matrices, MATRIX_DIR)
     # Kernels are timed by their profiling events: the device's profiling queue.
-    device = psc.get_device(args.device).profiling_device()
+    device = device_or_error(ap, args.device).profiling_device()
     rng = np.random.default_rng(0)
     print(f"device: {device.profile.name}", flush=True)
     print(f"{'matrix':>22} {'nnz':>9} {'format':>10} {'mode':>6} {'err':>8} {'rerr':>8} "
           f"{'kernel us':>10} {'wall us':>9} {'MiB':>7}", flush=True)
     rows = []
-    for spec in args.matrices:
-        name, A = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)), args.replicate_to)
+    for name, A in matrices:
+        name, A = replicate_to(name, A, args.replicate_to)
         A = sp.csr_matrix(A, dtype=np.float64)
         x = rng.standard_normal(A.shape[1])
         y64 = A @ x
@@ -117,7 +122,8 @@ def main(argv=None):
                     continue
                 err, rerr = errors(y, y64, scale)
                 row = {"matrix": name, "nnz": int(A.nnz), "format": fmt, "mode": label,
-                       "dtype": np.dtype(dtype).name, "value_bits": op.params["value_bits"],
+                       "dtype": np.dtype(dtype).name, "value_bits": op.params.get(
+                           "value_bits", 8 * np.dtype(dtype).itemsize),
                        "err": err, "rerr": rerr, "kernel_us": kernel * 1e6,
                        "wall_us": wall * 1e6, "nbytes": int(op.nbytes),
                        "subnormal": subnormal, "params": {k: str(v) for k, v in

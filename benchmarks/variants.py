@@ -26,7 +26,13 @@ import pyopencl.array as cla
 from products import MATRIX_DIR, Timer, random_block, with_values
 
 import pyspmv_cl as psc
-from pyspmv_cl.bench.generators import from_spec, replicate_to, resolve_name
+from pyspmv_cl.bench.generators import replicate_to
+from pyspmv_cl.bench.script_args import (
+    check_matrices,
+    device_or_error,
+    dtypes_or_error,
+    positive_int,
+)
 
 
 def main(argv=None):
@@ -38,9 +44,22 @@ def main(argv=None):
     ap.add_argument("--replicate-to", type=float, default=2e7,
                     help="replicate each matrix block-diagonally to at least this many "
                          "non-zeros (default 2e7, as in BENCHMARKS.md; 0: as given)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if not args.replicate_to >= 0:
+        ap.error("--replicate-to must be a count >= 0")
+    dtypes = [d.name for d in dtypes_or_error(ap, args.dtypes)]
+    try:
+        variants = json.loads(args.variants)
+        if not isinstance(variants, list) or not all(
+                isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+                and isinstance(v[1], dict) for v in variants):
+            raise ValueError("not a list of [format, params]")
+    except ValueError as exc:
+        ap.error(f"--variants {args.variants!r}: a JSON list of [format, {{params}}] ({exc})")
+    matrices = check_matrices(ap, args.matrices, MATRIX_DIR)
+    device_or_error(ap, args.device)
     try:   # without CuPy (a CPU device, say) the cuSPARSE columns stay empty
         import cupy
 
@@ -50,12 +69,10 @@ def main(argv=None):
         cupy = None
         print("CuPy not found: no cuSPARSE timings", file=sys.stderr)
 
-    variants = json.loads(args.variants)
     rng, timer, rows = np.random.default_rng(0), Timer(20), []
-    for spec in args.matrices:
-        label, A0 = replicate_to(*from_spec(resolve_name(spec, MATRIX_DIR)),
-                                 args.replicate_to)
-        for dt in args.dtypes.split(","):
+    for label, A0 in matrices:
+        label, A0 = replicate_to(label, A0, args.replicate_to)
+        for dt in dtypes:
             A = with_values(A0, dt, rng)
             x = random_block(rng, A.shape[1], dt)
             want = A.astype(np.complex128) @ x
