@@ -79,15 +79,15 @@ def build_program(device, program: ProgramSpec, *, dtype, index_dtype,
         if missing:
             raise KeyError(f"kernel(s) {missing} not in {program.template} "
                            f"(has {sorted(names)})")
-        limit = min(kernel_object(built, k.name).get_work_group_info(
-            cl.kernel_work_group_info.WORK_GROUP_SIZE, dev) for k in program.kernels)
-        hit = (built, int(limit))
+        kernels = {k.name: kernel_object(built, k.name) for k in program.kernels}
+        limit = min(k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
+                    for k in kernels.values())
         with _lock:
             # Keeping the context referenced keeps its int_ptr from being reused.
-            _memo.setdefault(key, (*hit, ctx))
+            _memo.setdefault(key, (built, int(limit), ctx))
+        return kernels, int(limit)   # (the kernels probed serve this first caller)
     built, limit = hit[0], hit[1]
     return {k.name: kernel_object(built, k.name) for k in program.kernels}, limit
-
 
 
 def clear_memo() -> None:

@@ -79,8 +79,8 @@ class CSRFormatBase(LanesBlocks, SpMVFormat):
     def block_arrays(self, csr, on_device):
         if not self._ordered:
             return {}
-        order = sort_permutation(np.diff(np.asarray(csr.indptr, dtype=np.int64)),
-                          self.params["lane_order"]).astype(self.index_dtype)
+        lengths = np.diff(np.asarray(csr.indptr, dtype=np.int64))
+        order = sort_permutation(lengths, self.params["lane_order"]).astype(self.index_dtype)
         return {"row_order": cla.to_device(self.device.queue, order) if on_device else order}
 
     def template_params(self):

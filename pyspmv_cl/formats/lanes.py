@@ -160,9 +160,10 @@ class LanesBlocks:
         return self.dtype.kind == "c" and self.profile.is_gpu
 
     @classmethod
-    def _first_lanes_width(cls, features, profile, dtype, given, k):
+    def first_lanes_width(cls, features, profile, dtype, given, k):
         """The width of the first block of ``k`` vectors the lanes kernel of an operator
-        built with ``given`` would multiply, or None without a lanes kernel."""
+        built with ``given`` would multiply, or None without a lanes kernel (block
+        tuning asks once per format, then its ``lane_*_candidate`` hooks)."""
         probe = cls.bare_instance(features, profile, dtype, given)
         if probe is None or not probe._lanes:
             return None
@@ -170,45 +171,39 @@ class LanesBlocks:
         return plan_blocks(k, widths)[0][1] if 1 in widths else None
 
     @classmethod
-    def lane_columns_candidate(cls, features, profile, dtype, given, k):
+    def lane_columns_candidate(cls, features, given, kb):
         """``{"lane_columns": c}`` for block tuning to time besides the parameters
-        ``given`` on products of ``k`` vectors (``lane_columns_alternative`` for the
-        widest block), or None: none for these parameters, no lanes kernel with them,
-        or the caller fixed the count."""
+        ``given`` whose lanes kernel's first block is ``kb`` wide
+        (``lane_columns_alternative``), or None: none for that width, or the caller
+        fixed the count."""
         if given.get("lane_columns") is not None:
-            return None
-        kb = cls._first_lanes_width(features, profile, dtype, given, k)
-        if kb is None:
             return None
         alt = lane_columns_alternative(kb, cls.lanes_slotted, features.row_spread,
                                        features.mean_row_length)
         return None if alt is None or alt > kb else {"lane_columns": alt}
 
     @classmethod
-    def lane_split_candidate(cls, features, profile, dtype, given, k):
-        """``SPLIT_CANDIDATE`` for block tuning to time on products of ``k`` vectors
-        where the rows are long and uneven (``split_pays``), or None: a format whose
-        template does not split rows, no lanes kernel, or the caller fixed the split
-        or the column count."""
+    def lane_split_candidate(cls, features, given, kb):
+        """``SPLIT_CANDIDATE`` for block tuning to time at first width ``kb`` where the
+        rows are long and uneven (``split_pays``), or None: a format whose template
+        does not split rows, or the caller fixed the split or the column count."""
         if not cls.lanes_split or given.get("lane_split") is not None \
                 or given.get("lane_columns") is not None:
             return None
-        kb = cls._first_lanes_width(features, profile, dtype, given, k)
-        return dict(SPLIT_CANDIDATE) if kb is not None and split_pays(kb, features.mean_row_length,
-                                                   features.row_spread) else None
+        return dict(SPLIT_CANDIDATE) \
+            if split_pays(kb, features.mean_row_length, features.row_spread) else None
 
     @classmethod
-    def lane_order_candidate(cls, features, profile, dtype, given, k):
-        """For block tuning on products of ``k`` vectors where the rows are uneven
+    def lane_order_candidate(cls, features, given, kb):
+        """For block tuning at first width ``kb`` where the rows are uneven
         (``order_pays``): ``SPLIT_ORDER_CANDIDATE`` where the row split is timed too
         (``split_pays``), else ``ORDER_CANDIDATE``; or None: a format whose template
-        does not order rows, no lanes kernel, or the caller fixed the order, the split
-        or the column count."""
+        does not order rows (the CSR one, which splits them too), or the caller fixed
+        the order, the split or the column count."""
         if not cls.lanes_split or any(given.get(p) is not None for p in
                                       ("lane_order", "lane_split", "lane_columns")):
             return None
-        kb = cls._first_lanes_width(features, profile, dtype, given, k)
-        if kb is None or not order_pays(kb, features.row_spread):
+        if not order_pays(kb, features.row_spread):
             return None
         split = split_pays(kb, features.mean_row_length, features.row_spread)
         return dict(SPLIT_ORDER_CANDIDATE if split else ORDER_CANDIDATE)

@@ -171,14 +171,15 @@ def with_lane_columns(cls, f, profile, dtype, params_list, user_params, k):
     first where they are uneven (``LanesBlocks.lane_order_candidate``), then with the
     other column count of a lanes kernel where the format has one for products of ``k``
     vectors (``LanesBlocks.lane_columns_candidate``)."""
+    first_width = getattr(cls, "first_lanes_width", None)   # (formats with lanes kernels)
     given = {**user_params, **params_list[0]}
-    extras = []
-    for hook in ("lane_split_candidate", "lane_order_candidate", "lane_columns_candidate"):
-        candidate = getattr(cls, hook, None)
-        extra = candidate(f, profile, dtype, given, k) if candidate is not None else None
-        if extra is not None:
-            extras.append({**params_list[0], **extra})
-    return [params_list[0], *extras, *params_list[1:]] if extras else params_list
+    kb = first_width(f, profile, dtype, given, k) if first_width is not None else None
+    if kb is None:
+        return params_list
+    extras = [{**params_list[0], **extra} for extra in (
+        cls.lane_split_candidate(f, given, kb), cls.lane_order_candidate(f, given, kb),
+        cls.lane_columns_candidate(f, given, kb)) if extra is not None]
+    return [params_list[0], *extras, *params_list[1:]]
 
 
 def rank_candidates(f, profile, dtype, registry, rule_choice, csr=None, block_size=1,
