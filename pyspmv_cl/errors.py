@@ -65,5 +65,5 @@ class InvalidInputError(PySpMVError, ValueError):
 
 
 class UnsupportedLayoutError(InvalidInputError):
-    """A device array in a memory layout a product does not take (e.g. a column-major
+    """A device array in a memory layout a product does not take (a strided view of a
     block of vectors)."""

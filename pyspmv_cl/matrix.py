@@ -43,7 +43,14 @@ from .features import MatrixFeatures, product_bytes
 from .formats import FORMATS, get_format
 from .formats import params as P
 from .formats.base import instantiate
-from .formats.columns import ColumnPath, StagingBlocks, columns_product
+from .formats.columns import (
+    ColumnPath,
+    StagingBlocks,
+    Transpose,
+    column_major_only,
+    columns_product,
+    relayout,
+)
 from .formats.storage import refuse_reduced_auto
 from .formats.values import ValueUpdater, check_values
 from .host_buffers import COPY, host_buffer, spin_seconds, usable_in_place, wait_and_read
@@ -243,6 +250,7 @@ class SpMV:
         self._transposed_view = None
         self._adjoint_view = None    # op.H of a complex operator
         self._column_path = None     # formats/columns.py's ColumnPath, of _device_columns
+        self._transposes = {}        # dtype -> Transpose, for column-major device blocks
         # (x, out, x's buffer, out's buffer, block) of the last device product whose
         # arrays passed every check (_matvec_device_again).
         self._device_memo = None
@@ -369,9 +377,11 @@ class SpMV:
         values), from a row-major ``n x k`` copy of X on the device: a host ``X`` of
         any order, a view included, is copied into one (and the result read back from
         a row-major ``m x k`` block);
-        a device ``X`` and ``out`` must be C-contiguous (row-major) pyopencl arrays, at
-        any offset (others: ``UnsupportedLayoutError``).  Other formats multiply column
-        by column (device arrays through a column copy on the device)."""
+        a device ``X`` and ``out`` are pyopencl arrays at any offset, row-major (used
+        in place) or column-major (transposed on the device through row-major
+        temporaries); strided views raise ``UnsupportedLayoutError``.  Other formats
+        multiply column by column (device arrays through a column copy on the
+        device)."""
         refuse_an_operator("X", X)
         check_block(X, "matmat")
         return self.matvec(X, out=out, alpha=alpha, beta=beta)
@@ -911,10 +921,13 @@ class SpMV:
                 f"device-resident {name} is float64, but {self.device.profile.name!r} has "
                 "no double precision to convert it: use float32 arrays")
 
-    def _device_buffer(self, arr, name):
+    def _check_context(self, arr, name):
         if arr.context != self.device.context:
             raise InvalidInputError(f"{name} lives on another OpenCL context than this operator "
                              f"({self.device!r}); create it with op.queue or op.device.context")
+
+    def _device_buffer(self, arr, name):
+        self._check_context(arr, name)
         check_contiguous(arr, name)
         if arr.size == 0 or arr.base_data is None:
             return self._staging_buffer("dummy", 1)
@@ -948,6 +961,8 @@ class SpMV:
                 memo[2] is x.base_data and memo[3] is out.base_data and \
                 not (x.offset or out.offset):
             return self._matvec_device_again(x, out, alpha, beta, memo[4])
+        if column_major_only(x) or (_is_device_array(out) and column_major_only(out)):
+            return self._matvec_device_column_major(x, out, alpha, beta)
         x_moved = self._needs_temporary(x)
         out_moved = _is_device_array(out) and self._needs_temporary(out)
         if not (x_moved or out_moved):
@@ -964,6 +979,40 @@ class SpMV:
         out.add_event(cla.Array._copy(out.with_queue(self.queue), work, queue=self.queue,
                                       wait_for=[*out.events, *work.events] or None))
         return out
+
+    def _matvec_device_column_major(self, x, out, alpha, beta):
+        """A column-major (F-ordered) device block X or out: the block kernels and the
+        column path take row-major blocks, so X is transposed on the device into a
+        row-major temporary, and the product made into one that is transposed into
+        out (out transposed into it first when beta reads it).  Each transpose reads
+        and writes the block once."""
+        self._check_x_shape(x.shape)
+        queue = self.queue
+        if column_major_only(x):
+            self._check_device_dtype(x, "x")
+            self._check_context(x, "x")
+            row_major = cla.empty(queue, x.shape, x.dtype)
+            row_major.add_event(self._relayout(row_major, x))
+            x = row_major
+        if not (_is_device_array(out) and column_major_only(out)):
+            return self._matvec_device(x, out, alpha, beta)
+        self._check_out(out, self._out_shape(x.shape))
+        self._check_device_dtype(out, "out")
+        self._check_context(out, "out")
+        work = cla.empty(queue, out.shape, out.dtype)
+        if beta != 0:
+            work.add_event(self._relayout(work, out))
+        self._matvec_device(x, work, alpha, beta)
+        out.add_event(self._relayout(out, work))
+        return out
+
+    def _relayout(self, dest, src):
+        """``dest`` (other order) = ``src`` on this queue, after both arrays' events."""
+        transpose = self._transposes.get(src.dtype)
+        if transpose is None:
+            transpose = self._transposes[src.dtype] = Transpose(self.device, src.dtype)
+        wait_for = self._after_previous([*src.events, *dest.events] or None)
+        return relayout(transpose, self.queue, dest, src, wait_for)
 
     def _needs_temporary(self, arr):
         """Whether a device array is used through a temporary rather than in place: a

@@ -97,6 +97,28 @@ class Transpose:
                               wait_for=wait_for or None)
 
 
+def column_major_only(arr):
+    """Whether a 2-D device array is stored column by column (F order) and not also
+    row by row (a single column or row is both, and needs no transpose)."""
+    return arr.ndim == 2 and arr.size > 0 and arr.flags.f_contiguous and \
+        not arr.flags.c_contiguous
+
+
+def relayout(transpose, queue, dest, src, wait_for=None):
+    """Copy the 2-D device array ``src`` into ``dest`` of the same shape and type but
+    the other order (C to F or F to C), both contiguous at any offset, with the tiled
+    transpose kernel ``transpose`` (a :class:`Transpose` of their type).  Returns the
+    launch's event."""
+    item = src.dtype.itemsize
+    if column_major_only(src):   # src is the row-major (k, n) block of its columns
+        rows, cols = src.shape[1], src.shape[0]
+    else:
+        rows, cols = src.shape
+    return transpose.enqueue(queue, dest.base_data, dest.offset // item, rows,
+                             src.base_data, src.offset // item, cols, rows, cols,
+                             wait_for)
+
+
 class StagingBlocks:
     """Device buffers by role that only grow: ``blocks(role, count)`` is a buffer of at
     least ``count`` values, the one held for ``role`` unless it is too small.  The
