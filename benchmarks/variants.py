@@ -27,6 +27,7 @@ from products import MATRIX_DIR, Timer, random_block, with_values
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench.generators import replicate_to
+from pyspmv_cl.bench.runner import copy_bandwidth, min_bytes
 from pyspmv_cl.bench.script_args import (
     check_matrices,
     device_or_error,
@@ -46,6 +47,11 @@ def main(argv=None):
                          "non-zeros (default 2e7, as in BENCHMARKS.md; 0: as given)")
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bandwidth", action="store_true",
+                    help="measure the device's copy bandwidth once and give each row its "
+                         "CSR-equivalent GB/s (values, 32-bit columns, row pointers, x read "
+                         "once, y written once) and that as a percentage of the copy "
+                         "(#18's target for large regular matrices)")
     args = ap.parse_args(argv)
     if not args.replicate_to >= 0:
         ap.error("--replicate-to must be a count >= 0")
@@ -59,7 +65,10 @@ def main(argv=None):
     except ValueError as exc:
         ap.error(f"--variants {args.variants!r}: a JSON list of [format, {{params}}] ({exc})")
     matrices = check_matrices(ap, args.matrices, MATRIX_DIR)
-    device_or_error(ap, args.device)
+    device = device_or_error(ap, args.device)
+    copy_gbps = copy_bandwidth(device) if args.bandwidth else None
+    if copy_gbps is not None:
+        print(f"copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
     try:   # without CuPy (a CPU device, say) the cuSPARSE columns stay empty
         import cupy
 
@@ -110,10 +119,18 @@ def main(argv=None):
                              "params": {k: str(v) for k, v in op.params.items()},
                              "us": t * 1e6, "cusparse_us": None if c is None else c * 1e6,
                              "ratio": None if c is None else c / t, "rel_err": err})
+                if copy_gbps is not None:
+                    gbps = min_bytes(A, dt) / t / 1e9
+                    rows[-1].update(csr_gbps=gbps, copy_gbps=copy_gbps,
+                                    copy_pct=100 * gbps / copy_gbps)
+                    if c is not None:
+                        rows[-1]["cusparse_copy_pct"] = 100 * min_bytes(A, dt) / c / 1e9 / copy_gbps
                 peer_text = (f"cuSPARSE {c * 1e6:8.1f} ratio {c / t:5.2f}" if c is not None else
                              "cuSPARSE        - ratio     -")
+                share = (f" {rows[-1]['copy_pct']:5.1f}% of copy" if copy_gbps is not None
+                         else "")
                 print(f"{label} {dt} {fmt:10s} {json.dumps(params):60s} {t * 1e6:8.1f} "
-                      f"{peer_text} err {err:.1e}", flush=True)
+                      f"{peer_text} err {err:.1e}{share}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
