@@ -3,10 +3,19 @@
 ## value arrays made from the codes of the CSR positions (formats/values.py,
 ## _CODE_BASE): slot i takes src[codes[i] - first], and a slot whose code is 0 (padding
 ## and other fill, +0.0) keeps what it holds.  Complex maps are read by their real
-## parts (STRIDE 2).
+## parts (STRIDE 2).  Formats that tell stored zeros from fill by the sign bit
+## (signed_zeros: bccoo, dia) get each zero as -0.0 (a complex one's real part), as
+## values.mark_stored_zeros does on the host (a host pass over every value, here free).
 ${c.preamble()}
 typedef ${code_t} code_t;
 #define STRIDE ${stride}
+% if not signed_zeros:
+#define MARK(v) (v)
+% elif is_complex:
+#define MARK(v) (NONZERO(v) ? (v) : (real_t)(-(part_t)0, (part_t)0))
+% else:
+#define MARK(v) (NONZERO(v) ? (v) : -(real_t)0)
+% endif
 
 ${signature("gather_values")}
 {
@@ -14,6 +23,6 @@ ${signature("gather_values")}
     if (i < count) {
         const code_t code = codes[i * STRIDE];
         if (code != 0)
-            dst[i] = src[(ulong)code - first];
+            dst[i] = MARK(src[(ulong)code - first]);
     }
 }

@@ -211,7 +211,8 @@ class ValueUpdater:
             self.nbytes = self.codes.nbytes
             code_t = "uint" if self.codes.bits == np.uint32 else "ulong"
             program = ProgramSpec("gather_values.mako", (GATHER,),
-                                  {"code_t": code_t, "stride": self.codes.stride})
+                                  {"code_t": code_t, "stride": self.codes.stride,
+                                   "signed_zeros": bool(type(fmt).signed_stored_zeros)})
             kernels, _ = build_program(fmt.device, program, dtype=fmt.dtype,
                                        index_dtype=fmt.index_dtype,
                                        work_group_size=WORK_GROUP_SIZE)
@@ -265,14 +266,14 @@ class ValueUpdater:
         returns when the device holds them."""
         fmt = self.fmt
         data = np.ascontiguousarray(data, dtype=fmt.dtype)
-        if type(fmt).signed_stored_zeros:   # as the conversion holds them (every path)
-            data = mark_stored_zeros(data)
-        if self.codes is not None:   # the codes on the device: one gather per array
-            codes = self.codes
+        if self.codes is not None:   # the codes on the device: one gather per array,
+            codes = self.codes       # which also marks stored zeros (signed_zeros)
             self._launch_each(queue, GATHER, data, [
                 (size, {"first": codes.first, "codes": buf, "dst": fmt.buffers[name]})
                 for name, (buf, size) in codes.arrays.items()])
             return
+        if type(fmt).signed_stored_zeros:   # as the conversion holds them
+            data = mark_stored_zeros(data)
         if fmt.value_dtype != fmt.dtype:   # value_bits: rounded here, overflow refused
             stored = to_storage(fmt.name, data, fmt.dtype, fmt.value_dtype, update=True)
         else:
