@@ -194,6 +194,12 @@ def main(argv=None):
     # Kernels are timed by their profiling events: the device's profiling queue.
     device = device_or_error(parser, args.device).profiling_device()
     given = parse_sets(args.set)
+    for _, A in matrices:   # a bad --set is an error up front, not a traceback mid-run
+        try:
+            get_format("csr5").resolve_params(MatrixFeatures.from_csr(A), device.profile,
+                                              dtype, dict(given))
+        except psc.PySpMVError as exc:
+            parser.error(f"--set: {exc}")
     print(f"device: {device.cl_device.name.strip()} ({device.profile.device_type}), "
           f"{dtype.name}; medians of {args.repeat}, milliseconds", flush=True)
     header = f"{'matrix':<24} {'nnz':>10} " + " ".join(f"{c:>13}" for c in COLUMNS) \

@@ -39,9 +39,9 @@ import numpy as np
 
 import pyspmv_cl as psc
 from pyspmv_cl import cache
-from pyspmv_cl.bench.generators import from_spec, replicate_to
+from pyspmv_cl.bench.generators import replicate_to
 from pyspmv_cl.bench.peers import available_peers
-from pyspmv_cl.bench.script_args import resolve_matrix
+from pyspmv_cl.bench.script_args import check_matrices
 from pyspmv_cl.formats import builder
 from pyspmv_cl.tuning import database
 
@@ -280,8 +280,8 @@ def main(argv=None):
         ap.error("--rounds must be at least 1 and --replicate-to a count >= 0")
     try:
         device = psc.get_device(None if chooses else args.device)
-    except psc.PySpMVError as exc:
-        ap.error(str(exc))
+    except psc.PySpMVError as exc:   # (one line: the devices available are listed on more)
+        ap.error(" ".join(str(exc).split()))
     if any(d not in ("float32", "float64") for d in args.dtypes.split(",")):
         ap.error(f"--dtypes {args.dtypes!r}: float32 and/or float64")
     dtypes = [np.dtype(d) for d in args.dtypes.split(",")]
@@ -313,6 +313,9 @@ def main(argv=None):
     if args.vectors == "host":
         peers = [p for p in peers if p.device != "cuda"]
 
+    # Every matrix loaded up front: a bad spec is an error before any case runs.
+    matrices = check_matrices(ap, args.specs)
+
     def log(text):
         print(text, file=sys.stderr, flush=True)
 
@@ -322,12 +325,8 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory(prefix="pyspmv-tts-") as root:
         env = Environment(root)
-        for spec in args.specs:
-            try:
-                name, A = replicate_to(*from_spec(resolve_matrix(spec)), args.replicate_to,
-                                       sep="x")
-            except ValueError as exc:   # (a bad spec: the generators' help is in exc)
-                ap.error(str(exc).splitlines()[0])
+        for label, A in matrices:
+            name, A = replicate_to(label, A, args.replicate_to, sep="x")
             for dtype in dtypes:
                 if dtype == np.float64 and not device.profile.fp64:
                     continue

@@ -116,6 +116,11 @@ def main(argv=None):
     if not args.replicate_to >= 0:
         ap.error("--replicate-to must be a count >= 0")
     dtypes = [d.name for d in dtypes_or_error(ap, args.dtypes)]
+    formats = args.formats.split(",")
+    unknown = [f for f in formats if f not in (*psc.formats(), "auto")]
+    if unknown:   # (else each case of it failed alone, one stderr line each, exit 0)
+        ap.error(f"--formats: {', '.join(map(repr, unknown))} unknown; each of "
+                 f"{', '.join(psc.formats())} or auto")
     matrices = check_matrices(ap, args.matrices, MATRIX_DIR)
     device = device_or_error(ap, args.device)
     rng = np.random.default_rng(0)
@@ -126,7 +131,7 @@ def main(argv=None):
     for name, A in matrices:
         name, A = replicate_to(name, A, args.replicate_to)
         for dtype in dtypes:
-            for fmt in args.formats.split(","):
+            for fmt in formats:
                 try:
                     row = bench(A, dtype, fmt, device, args.repeats, rng)
                 except psc.errors.PySpMVError as exc:

@@ -29,11 +29,12 @@ def refuse_read_back(monkeypatch):
 def assert_same_as_host(op, A, *, on_device=True):
     """Every device array of ``op`` equals, bit for bit (-0.0 against +0.0 too), the host
     conversion's with the same parameters (``formats/values.host_arrays``: the format's
-    own analyse + convert on the host), the same names; ``nbytes`` counts them and the
+    own analyse + convert on the host; values stored as the operator stores them, in
+    fewer bits with ``value_bits``), the same names; ``nbytes`` counts them and the
     scratch buffers.  Returns the host arrays."""
     impl = op._impl
     assert impl.converting_on_device == on_device
-    host = values.host_arrays(impl, sp.csr_matrix(A, copy=True), impl.dtype)
+    host = values.host_arrays(impl, sp.csr_matrix(A, copy=True), impl.dtype, impl.value_dtype)
     assert set(impl.buffers) == set(host)
     for name, expected in host.items():
         buf = impl.buffers[name]

@@ -56,6 +56,13 @@ def with_holes(rng, A, share):
     return B
 
 
+def banded_with_holes(rng, n=300):
+    """A band of five diagonals with random holes and a run of empty rows: every format
+    takes it (dia too), and it exercises padding, dummies and empty rows."""
+    A = with_holes(rng, band(rng, n, 2), 0.3)
+    return sp.vstack([A[:100], sp.csr_matrix((15, n)), A[115:]]).tocsr()
+
+
 def random_csr(rng, m, n, density):
     """Uniformly random CSR with standard-normal values."""
     return sp.random(m, n, density=density, format="csr", random_state=rng,

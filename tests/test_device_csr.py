@@ -8,9 +8,16 @@ import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
-from conftest import DEVICES, assert_close, make_operator, poisoned, reference
-from device_conversion import on_device
-from matrix_cases import CASES
+from conftest import (
+    DEVICES,
+    assert_close,
+    make_operator,
+    poisoned,
+    reference,
+    skip_without_fp64,
+)
+from device_conversion import assert_same_as_host, check_product, on_device, refuse_read_back
+from matrix_cases import CASES, banded_with_holes
 
 import pyspmv_cl as psc
 from pyspmv_cl.bench import generators
@@ -80,14 +87,40 @@ def test_csr_kernels_never_read_the_matrix_back(fmt, params, device, rng, monkey
     assert_close(op @ x, reference(A, x), A, x, np.float64)
 
 
-def test_new_values_for_a_device_matrix(device, rng):
-    A = sp.csr_matrix(CASES["power_law"](rng))
-    op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format="sell", device=device)
-    B = A.copy()
-    B.data = rng.standard_normal(A.nnz)
-    op.update_values(B.data)
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64,
+                                                             marks=pytest.mark.exhaustive)])
+@pytest.mark.parametrize("fmt", psc.formats())
+def test_new_values_for_a_device_matrix(fmt, dtype, device, rng):
+    """update_values on an operator made from a device CSR, in every format (those
+    converting it on the device find their map there, from position codes; the CSR
+    kernels copy the values straight in): products into poisoned outputs, host and
+    device, against scipy before and after each of two updates (the second reuses the
+    map)."""
+    skip_without_fp64(device, dtype)
+    A = banded_with_holes(rng)   # every format takes it (dia too)
+    op = psc.SpMV(on_device(device.queue, A), shape=A.shape, format=fmt, dtype=dtype,
+                  device=device, **({"max_padding": None} if fmt in ("ell", "ellr-t") else {}))
+    impl = op._impl
     x = rng.standard_normal(A.shape[1])
-    assert_close(op @ x, reference(B, x), B, x, np.float64)
+    x_dev = cla.to_device(op.queue, x.astype(dtype))
+
+    def check(B):
+        out = poisoned(A.shape[0], dtype)
+        op.matvec(x, out=out)
+        assert_close(out, reference(B, x), B, x, dtype)
+        out_dev = cla.to_device(op.queue, poisoned(A.shape[0], dtype))
+        op.matvec(x_dev, out=out_dev)
+        assert_close(out_dev.get(), reference(B, x), B, x, dtype)
+
+    check(A)
+    for _ in range(2):
+        B = A.copy()
+        B.data = rng.standard_normal(A.nnz)
+        op.update_values(B.data)
+        assert op._impl is impl
+        if impl.converting_on_device and not type(impl).host_conversion_is_cast:
+            assert op._updater.codes is not None, "no map found on the device"
+        check(B)
 
 
 def test_auto_on_a_device_matrix_tunes_online(device, rng, tmp_path, monkeypatch):
@@ -284,3 +317,121 @@ def test_formats_convert_on_the_device_to_the_host_conversion_s_arrays(
         out = poisoned(A.shape[0], np.float32)
         op.matvec(x, out=out)
         assert_close(out, reference(A, x), A, x, np.float32)
+
+
+#: The CSR kernels' layouts: (format, parameters, profile).  csr-vector under a GPU
+#: profile defaults to the adaptive mapping with col_bits="auto" (16-bit columns here).
+CSR_LAYOUTS = [
+    ("csr-scalar", {}, "native"),
+    ("csr-scalar", {"value_bits": 16}, "native"),
+    ("csr-vector", {}, "native"),   # the rows mapping (a CPU's default)
+    ("csr-vector", {}, "gpu"),
+    ("csr-vector", {"col_bits": 32}, "gpu"),
+    ("csr-vector", {"mapping": "adaptive", "work_group_size": 16, "items_per_thread": 3,
+                    "block_rows": 4}, "native"),
+    ("csr-vector", {"mapping": "merge"}, "native"),
+    ("csr-vector", {"mapping": "merge", "work_group_size": 16, "items_per_thread": 3}, "gpu"),
+    ("csr-vector", {"value_bits": 16, "work_group_size": 16, "items_per_thread": 3}, "gpu"),
+]
+
+
+def _layout_id(layout):
+    fmt, params, profile = layout
+    return "-".join([fmt, profile, *(f"{k}={v}" for k, v in params.items())])
+
+
+def _csr_kernel_arrays_match_the_host_conversion(fmt, params, profile, A, dtype, device,
+                                                 rng, monkeypatch, index_dtype=np.int32):
+    """A device CSR (float64 values, ``index_dtype`` indices: cast on the device) made
+    into ``fmt``: no read-back, every array bit for bit the host conversion's (row
+    pointers, columns or their 16-bit offsets and bases, values, row blocks, merge
+    groups), then a poisoned product against scipy.  Returns the operator."""
+    dev = device.override(device_type="gpu") if profile == "gpu" else device
+    triple = on_device(dev.queue, A, index_dtype)
+    with monkeypatch.context() as patch:
+        refuse_read_back(patch)
+        op = psc.SpMV(triple, shape=A.shape, format=fmt, dtype=dtype, device=dev, **params)
+    assert all(op.params[k] == v for k, v in params.items()), op.params
+    host = assert_same_as_host(op, A)
+    # Values in fewer bits (value_bits): the product of those, as stored (rounded to
+    # the operator's type first, then to the stored one: as the host conversion does).
+    stored = A.copy()
+    stored.data = A.data.astype(op.dtype).astype(op._impl.value_dtype).astype(A.dtype)
+    check_product(op, stored, rng)
+    return op, host
+
+
+@pytest.mark.parametrize("case", ["power_law", "empty_rows", "0x0",
+                                  pytest.param("duplicates_csr", marks=pytest.mark.exhaustive),
+                                  pytest.param("unsorted_indices", marks=pytest.mark.exhaustive),
+                                  pytest.param("row_length_sweep", marks=pytest.mark.exhaustive),
+                                  pytest.param("one_long_row", marks=pytest.mark.exhaustive)])
+@pytest.mark.parametrize("layout", CSR_LAYOUTS, ids=_layout_id)
+def test_csr_kernels_convert_a_device_matrix_to_the_host_conversion_s_arrays(
+        layout, case, device, rng, monkeypatch):
+    """csr-scalar and csr-vector (rows, adaptive with 16- and 32-bit columns, merge, values
+    in fewer bits) made from a CSR already on the device hold exactly the arrays of
+    their host conversion with the same parameters (issue #15), not only products
+    within tolerance."""
+    fmt, params, profile = layout
+    if "value_bits" in params and case == "0x0":
+        # (no values: the device rounding's array is a one-element placeholder, the
+        # host's empty)
+        pytest.skip("value_bits without values")
+    A = sp.csr_matrix(CASES[case](rng) if callable(CASES[case]) else CASES[case])
+    op, host = _csr_kernel_arrays_match_the_host_conversion(
+        fmt, params, profile, A, np.float32, device, rng, monkeypatch,
+        np.int64 if case == "power_law" else np.int32)
+    mapping = op.params.get("mapping")
+    expected = {"row_ptr", "values"}
+    if mapping == "adaptive":
+        expected.add("row_blocks")
+    if mapping == "merge":
+        expected |= {"group_rows", "fix_groups"}
+    if op.params.get("col_bits") == 16:
+        expected |= {"col_base", "row_base", "col_off"}
+    else:
+        expected.add("col_idx")
+    assert set(host) == expected
+    if fmt == "csr-vector" and profile == "gpu" and not params and A.nnz:
+        assert mapping == "adaptive" and op.params["col_bits"] == 16   # the GPU default
+
+
+def far_columns(rng, far_rows):
+    """2000 x 140,000: row i's 0-5 entries among columns 30 i .. 30 i + 29 (every row
+    block spans far less than 16 bits of columns), and each row of ``far_rows`` given
+    one more entry in the last column, over 65,535 columns away (its block then spans
+    more than 16 bits)."""
+    m, n = 2000, 140_000
+    rows = np.repeat(np.arange(m), rng.integers(0, 6, m))
+    cols = 30 * rows + rng.integers(0, 30, rows.size)
+    far = np.asarray(far_rows)
+    rows = np.concatenate([rows, far])
+    cols = np.concatenate([cols, np.full(far.size, n - 1)])
+    A = sp.csr_matrix((rng.standard_normal(rows.size), (rows, cols)), shape=(m, n))
+    A.sum_duplicates()
+    return A
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("far, params, dtype, col_bits, escape", [
+    # a few wide blocks: escaped to col_wide
+    ("few", {}, np.float32, 16, True),
+    # most entries in wide blocks: "auto" takes 32 bits
+    ("all", {}, np.float32, 32, False),
+    # 16 bits asked for: every block escapes (complex values)
+    ("all", {"col_bits": 16}, np.complex64, 16, True),
+], ids=["few-wide", "all-wide-auto", "all-wide-16-complex64"])
+def test_csr_vector_s_wide_blocks_convert_on_the_device_to_the_host_arrays(
+        far, params, dtype, col_bits, escape, device, rng, monkeypatch):
+    """The adaptive mapping's 16-bit columns with row blocks wider than 16 bits (their
+    escape to ``col_wide``, and col_bits="auto" falling back to 32 bits) from a device
+    CSR: the host conversion's arrays, bit for bit; complex values too."""
+    A = far_columns(rng, [0, 1, 777, 1999] if far == "few" else np.arange(2000))
+    if np.dtype(dtype).kind == "c":
+        A = sp.csr_matrix(A + 1j * sp.csr_matrix(
+            (rng.standard_normal(A.nnz), A.indices, A.indptr), shape=A.shape))
+    op, host = _csr_kernel_arrays_match_the_host_conversion(
+        "csr-vector", params, "gpu", A, dtype, device, rng, monkeypatch)
+    assert op.params["mapping"] == "adaptive" and op.params["col_bits"] == col_bits
+    assert op._impl.col_escape == escape and ("col_wide" in host) == escape

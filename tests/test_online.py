@@ -67,24 +67,112 @@ def test_defaults_tune_online_and_store_the_decision(device, rng):
     assert again.format == op.format
 
 
+def force_switches(op):
+    """Replace ``op``'s background measurement by one that hands over a format at once,
+    then, once ``release`` is set, returns another as its final winner, each built from
+    the snapshot on a queue of its own and finished there (as the measurement's): two
+    switches, to neither the start format.  Starts at the next product.  Returns
+    ``(offered, release, interim, final)``."""
+    from pyspmv_cl.formats.base import instantiate
+    from pyspmv_cl.tuning import tuner
+
+    device = op.device
+    interim, final = [f for f in ("ell", "coo", "csr-scalar") if f != op.format][:2]
+    offered, release = threading.Event(), threading.Event()
+
+    def built(name, snapshot):
+        own = device.on_queue(cl.CommandQueue(device.context, device.cl_device))
+        cls = FORMATS[name]
+        features = psc.tuning.MatrixFeatures.from_csr(snapshot)
+        impl = instantiate(cls, snapshot, own, DTYPE,
+                           cls.resolve_params(features, device.profile, DTYPE, {}))
+        own.queue.finish()
+        return impl
+
+    def fake_measurement(snapshot, should_stop, offer, exclusive):
+        assert offer(interim, {}, built(interim, snapshot))
+        offered.set()
+        release.wait(60)
+        return tuner.Decision(final, {}, "fake final", "online",
+                              impl=built(final, snapshot))
+
+    op.tuning.online._run_measurement = fake_measurement
+    start_now(op)
+    return offered, release, interim, final
+
+
+class DeviceProducts:
+    """Products on device vectors of ``queue``, each enqueued behind the caller's own
+    pending work there: a new ``x`` (doubled) written after a user event that is set
+    only once the product is enqueued, then the output poisoned with NaN.  The product
+    must neither wait for that work (a hang: a safety timer sets the event after 30 s,
+    and the test fails) nor run before it; each output, read back, against scipy's.
+    Returns the format that ran."""
+
+    def __init__(self, op, queue, A, rng):
+        self.op, self.queue, self.A = op, queue, A
+        self.x = rng.standard_normal(A.shape[1]).astype(DTYPE)
+        self.x_dev = cla.to_device(queue, self.x)
+        self.y_dev = cla.empty(queue, A.shape[0], DTYPE)
+
+    def __call__(self):
+        complete = cl.command_execution_status.COMPLETE
+        gate = cl.UserEvent(self.queue.context)
+        self.x = self.x * 2   # (exact; kept alive until the write is done)
+        self.x_dev.add_event(cl.enqueue_copy(self.queue, self.x_dev.base_data, self.x,
+                                             wait_for=[gate], is_blocking=False))
+        self.y_dev.fill(np.nan)
+        fired = []
+
+        def release():
+            fired.append(True)
+            gate.set_status(complete)
+
+        safety = threading.Timer(30, release)
+        safety.start()
+        try:
+            self.op.matvec(self.x_dev, out=self.y_dev)
+        finally:
+            safety.cancel()
+            safety.join()
+            if not fired:
+                gate.set_status(complete)
+        assert not fired, "the product waited for the caller's pending work"
+        assert_close(self.y_dev.get(), reference(self.A, self.x), self.A, self.x, DTYPE)
+        return self.op.format
+
+
+def products_across_forced_switches(op, queue, A, rng, during=1):
+    """Device products on ``queue`` (``DeviceProducts``) before, between and after two
+    forced switches (``force_switches``), ``during`` of them while the measurement
+    holds the interim format, host products too; asserts the switches happened."""
+    start = op.format
+    offered, release, interim, final = force_switches(op)
+    product = DeviceProducts(op, queue, A, rng)
+    seen = [product()]   # on the start format; starts the measurement
+    assert offered.wait(60) and op.tuning.online.state == "running"
+    seen += [product() for _ in range(during)]
+    x = rng.standard_normal(A.shape[1])
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    release.set()
+    assert op.tuning.online.wait(60) and op.tuning.online.state == "done"
+    seen += [product(), product()]
+    assert seen == [start] + [interim] * during + [final] * 2
+    assert [fmt for _, fmt in op.tuning.online.switches] == [interim, final]
+    assert op.finish_tuning(60) == "done" and op.format == final
+    assert op.queue is queue and op._impl.device is op.device
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert product() == final
+
+
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
 def test_device_products_stay_right_across_the_switch(device, rng):
+    """Device vectors on the operator's queue: every product, while the measurement
+    runs and after each of two switches (forced: a real measurement may keep the start
+    format), matches scipy."""
     A = matrix(1)
     op = psc.SpMV(A, device=device, tune="online")
-    start_now(op)
-    x = rng.standard_normal(A.shape[1])
-    x_dev = cla.to_device(op.queue, x.astype(DTYPE))
-    y_dev = cla.empty(op.queue, A.shape[0], DTYPE)
-    formats = set()
-    for _ in range(200):   # products while the thread measures, and after it switched
-        op.matvec(x_dev, out=y_dev)
-        formats.add(op.format)
-        if op.tuning.online.state not in ("waiting", "running") and op._online is None:
-            break
-    assert_close(y_dev.get(), reference(A, x), A, x, DTYPE)
-    op.finish_tuning()
-    op.matvec(x_dev, out=y_dev)
-    assert_close(y_dev.get(), reference(A, x), A, x, DTYPE)
+    products_across_forced_switches(op, op.queue, A, rng, during=5)
 
 
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
@@ -104,18 +192,77 @@ def test_values_updated_during_the_tuning_reach_the_winner(device, rng):
         assert_close(op @ x, reference(B, x), B, x, DTYPE)
 
 
+OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+
+
+def user_queue(device, order):
+    """A queue of the caller's, without profiling: in order, or out of order (skipped
+    where the device has none)."""
+    if order == "in-order":
+        return cl.CommandQueue(device.context, device.cl_device)
+    try:
+        return cl.CommandQueue(device.context, device.cl_device, properties=OUT_OF_ORDER)
+    except cl.Error:
+        pytest.skip(f"{device.cl_device.name.strip()} has no out-of-order queues")
+
+
+def record_builds(monkeypatch):
+    """Every format instance built from now on: ``(format, its queue, thread name)``."""
+    from pyspmv_cl.formats.base import SpMVFormat
+
+    built = []
+    plain = SpMVFormat.__init__
+
+    def recorded(self, csr, device, *args, **kwargs):
+        built.append((type(self).name, device.queue, threading.current_thread().name))
+        plain(self, csr, device, *args, **kwargs)
+
+    monkeypatch.setattr(SpMVFormat, "__init__", recorded)
+    return built
+
+
+@pytest.mark.parametrize("order", ["in-order", "out-of-order"])
 @pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
-def test_a_user_queue_without_profiling_is_respected(device, rng):
-    queue = cl.CommandQueue(device.context, device.cl_device)
+def test_a_user_queue_without_profiling_is_respected(device, order, rng, monkeypatch):
+    """A caller's queue (no profiling; in order or out of order) stays the operator's
+    through a real online measurement: products on host vectors and on device vectors
+    of that queue (after the caller's pending work there) are right before and after
+    it; the start format is built on that queue, and no candidate is built or
+    converted there (each on the measurement's own queue)."""
+    queue = user_queue(device, order)
+    built = record_builds(monkeypatch)
     A = matrix(3)
     op = psc.SpMV(A, device=queue, tune="online")
     assert op.queue is queue
+    assert [q for _, q, _ in built] == [queue]   # the start format: the caller's queue
+    del built[:]
     start_now(op)
+    product = DeviceProducts(op, queue, A, rng)
     x = rng.standard_normal(A.shape[1])
-    assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    assert_close(op @ x, reference(A, x), A, x, DTYPE)   # starts the measurement
+    product()
     assert op.finish_tuning() == "done", op.tuning.online.error
     assert op.queue is queue
+    assert not queue.properties & cl.command_queue_properties.PROFILING_ENABLE
     assert_close(op @ x, reference(A, x), A, x, DTYPE)
+    product()
+    assert built, "no candidate was built"
+    on_callers = [(fmt, thread) for fmt, q, thread in built if q is queue]
+    assert not on_callers, on_callers
+    assert all(q.context == queue.context for _, q, _ in built)
+
+
+@pytest.mark.parametrize("order", ["in-order", "out-of-order"])
+@pytest.mark.parametrize("device", DEVICES[:1], ids=[d.id for d in DEVICES[:1]])
+def test_forced_switches_on_a_user_queue(device, order, rng):
+    """Two switches (forced) of an operator on a caller's queue, in order or out of
+    order: device products on that queue, poisoned, each after the caller's pending
+    work there, match scipy before, between and after them; the queue stays the
+    operator's."""
+    queue = user_queue(device, order)
+    A = matrix(6)
+    op = psc.SpMV(A, device=queue, tune="online")
+    products_across_forced_switches(op, queue, A, rng)
 
 
 def test_policies():

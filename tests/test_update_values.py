@@ -7,7 +7,7 @@ import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import assert_close, make_operator, poisoned, reference, skip_without_fp64
-from matrix_cases import CASES, band, with_holes
+from matrix_cases import CASES, banded_with_holes
 
 import pyspmv_cl as psc
 
@@ -208,13 +208,6 @@ def test_formats_say_how_they_read_values(device, rng):
         assert (got is not None) == (type(op._impl).value_read != "map"), fmt
 
 
-def banded_with_holes(rng, n=300):
-    """A band of five diagonals with random holes and a run of empty rows: every format
-    takes it (dia too), and it exercises padding, dummies and empty rows."""
-    A = with_holes(rng, band(rng, n, 2), 0.3)
-    return sp.vstack([A[:100], sp.csr_matrix((15, n)), A[115:]]).tocsr()
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=["float32", "complex64"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_device_converted_operators_find_their_map_on_the_device(fmt, dtype, device, rng,
@@ -394,3 +387,46 @@ def test_update_values_refuses_values_past_float32(fmt, device, rng):
     op.update_values(new)
     B = with_values(A, new)
     assert_close(op @ x, reference(B, x), B, x, np.float32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_refuses_bad_values_and_keeps_its_own(fmt, device, rng):
+    """The checks of update_values (shared by every format, so each is built once):
+    a wrong length or shape, complex or non-numeric values, a sparse matrix, values
+    past float32, as numpy and as pyopencl arrays (and a strided view), are refused
+    with the error naming what to pass, before and after a first update; the values
+    held stay (poisoned products against scipy), and a good update still works."""
+    A = sp.csr_matrix(banded_with_holes(rng))
+    nnz = A.nnz
+    op = _operator_or_skip(A, fmt, np.float32, device)
+    q = op.queue
+    bad = [
+        (np.ones(nnz - 1), psc.InvalidInputError, f"needs {nnz} values"),
+        (np.ones(nnz + 1, np.float32), psc.InvalidInputError, f"needs {nnz} values"),
+        (np.ones((nnz, 1)), psc.InvalidInputError, f"needs {nnz} values"),
+        (np.float64(1.0), psc.InvalidInputError, f"needs {nnz} values"),
+        (np.ones(nnz, np.complex128), psc.UnsupportedDtypeError, "complex"),
+        (np.array(["1"] * nnz), psc.UnsupportedDtypeError, "numbers"),
+        (np.full(nnz, None), psc.UnsupportedDtypeError, "numbers"),
+        (A, psc.InvalidInputError, "not a sparse matrix"),
+        (np.full(nnz, 1e39), psc.InvalidInputError, "overflow float32"),
+        (cla.to_device(q, np.ones(nnz - 1, np.float32)), psc.InvalidInputError,
+         f"needs {nnz} values"),
+        (cla.to_device(q, np.ones((nnz, 2), np.float32)), psc.InvalidInputError,
+         f"needs {nnz} values"),
+        (cla.to_device(q, np.ones(nnz, np.complex64)), psc.UnsupportedDtypeError, "complex"),
+        (cla.to_device(q, np.ones(2 * nnz))[::2], psc.InvalidInputError, "contiguous"),
+        (cla.to_device(q, np.full(nnz, -1e39)), psc.InvalidInputError, "overflow float32"),
+    ]
+    x = rng.standard_normal(A.shape[1])
+    held = A
+    for step in range(2):
+        for data, error, match in bad:
+            with pytest.raises(error, match=match):
+                op.update_values(data)
+        out = poisoned(A.shape[0], np.float32)
+        op.matvec(x, out=out)
+        assert_close(out, reference(held, x), held, x, np.float32)   # unchanged
+        if step == 0:
+            held = with_values(A, rng.standard_normal(nnz))
+            op.update_values(held.data)
