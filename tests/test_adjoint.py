@@ -217,9 +217,11 @@ def poisson_2d(k):
 def test_scipy_solvers_on_the_linear_operator(fmt, device, rng):
     skip_without_fp64(device, np.float64)
     # 100 x 100, SPD; the diagonal term splits Poisson's double eigenvalues (ARPACK
-    # may find one copy of a double eigenvalue only).
+    # may find one copy of a double eigenvalue only), far enough apart at the top for
+    # lobpcg (with linspace(0, 1) the 4th and 5th lay 0.008 apart: lobpcg stalled on
+    # some starting blocks, and on scipy's own product with noise of 2e-16 added).
     n = 100
-    spd = sp.csr_matrix(poisson_2d(10) + sp.diags(np.linspace(0.0, 1.0, n)))
+    spd = sp.csr_matrix(poisson_2d(10) + sp.diags(np.linspace(0.0, 4.0, n)))
     # Non-symmetric, diagonally dominant (well conditioned), and a tall full-rank one.
     nonsym = sp.csr_matrix(spd + sp.diags([0.7], [3], shape=(n, n))
                            - sp.diags([0.4], [-11], shape=(n, n)))
@@ -260,6 +262,14 @@ def test_scipy_solvers_on_the_linear_operator(fmt, device, rng):
     exact = np.linalg.eigvalsh(spd.toarray())[-3:]
     np.testing.assert_allclose(np.sort(values), exact, rtol=1e-9)
     np.testing.assert_allclose(np.sort(theirs), exact, rtol=1e-9)
+
+    # lobpcg multiplies blocks (op.matmat on 4 vectors at a time); its tol bounds the
+    # residuals, and the eigenvalues' error goes with their square.
+    exact = np.linalg.eigvalsh(spd.toarray())[-4:]
+    X = rng.standard_normal((n, 4))
+    values, vectors = spla.lobpcg(L["spd"], X, largest=True, tol=1e-6, maxiter=500)
+    np.testing.assert_allclose(np.sort(values), exact, rtol=1e-10)
+    assert np.linalg.norm(spd @ vectors - vectors * values, axis=0).max() <= 2e-6
 
 
 def test_linear_operator_products(device, rng):
