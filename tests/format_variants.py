@@ -9,12 +9,19 @@ default parameters: the native profile, GPU-shaped ones (warp 32, wavefront 64) 
 CPU-shaped one.  A format missing from ``VARIANTS`` (registered later) gets its
 defaults plus the ``PROFILES``: add its row here when its own sweep exists.  An entry
 with ``QUICK`` ("_quick") set also runs in the quick Oclgrind pass (the default test
-run's), for kernels no format's defaults use (csr-vector's merge mapping).
+run's), for kernels no format's defaults use (csr-vector's merge mapping).  An entry
+with ``POSITIONS64`` ("_positions64") set is built with csr-vector's merge positions in
+64 bits (forced as tests/test_csr_vector_merge.py's test_64_bit_positions does: the
+driver makes ``fits_int32`` say no while it builds the operator).
+
+``LANE_VARIANTS`` holds the lanes block kernels' own parameters (formats/lanes.py), run
+with block products by the driver; ``QUICK`` marks those of the default run.
 """
 
 NO_LIMIT = float("inf")
 PROFILE = "_profile"
 QUICK = "_quick"
+POSITIONS64 = "_positions64"
 GPU32 = {"simd_width": 32, "device_type": "gpu"}
 GPU64 = {"simd_width": 64, "device_type": "gpu"}
 CPU8 = {"device_type": "cpu", "simd_width": 8, "vector_lanes_float32": 8,
@@ -44,6 +51,10 @@ VARIANTS = {
          "col_bits": 16},
         {"mapping": "adaptive", "work_group_size": 8, "items_per_thread": 2,
          "col_bits": 16, "index_bits": 64},
+        # The tuner's other adaptive shapes on GPUs (csr_vector.py's candidates): groups
+        # of 256 with 4 entries a work-item, and float32's half window (4 of its 8).
+        {"mapping": "adaptive", "work_group_size": 256, "items_per_thread": 4},
+        {"mapping": "adaptive", "items_per_thread": 4},
         # tests/test_csr_vector_merge.py's GEOMETRIES: small groups make the corpus's
         # rows cross work-items and groups (the carries' scan and the fix-up kernel).
         {"mapping": "merge", "work_group_size": 4, "items_per_thread": 3, "reduction": "tree",
@@ -54,6 +65,14 @@ VARIANTS = {
          "reduction": "tree"},
         {"mapping": "merge", "work_group_size": 1, "items_per_thread": 5,
          "reduction": "serial", "index_bits": 64},
+        # The CPU default shape (MERGE_DEFAULT_CPU), and merge positions in 64 bits
+        # (pos_t long, chosen where m + nnz passes 32 bits) with 32- and 64-bit indices.
+        {"mapping": "merge", "work_group_size": 64, "items_per_thread": 32,
+         "reduction": "tree"},
+        {"mapping": "merge", "work_group_size": 8, "items_per_thread": 4,
+         "reduction": "tree", POSITIONS64: True, QUICK: True},
+        {"mapping": "merge", "work_group_size": 4, "items_per_thread": 3,
+         "reduction": "serial", "index_bits": 64, POSITIONS64: True},
     ],
     "coo": [  # tests/test_format_coo.py GEOMETRIES
         {"work_group_size": wg, "items_per_thread": t, "layout": layout, "scan": scan}
@@ -174,6 +193,23 @@ COMPLEX_BLOCK_VARIANTS = {
              {"slice_height": 4, "sigma": 8, "col_bits": 16}],
 }
 
+# The lanes block kernels' own parameters (formats/lanes.py), each with block products
+# (k = 3: blocks of 2 and 1; k = 35: 32, 2, 1): the CSR formats' row split among groups
+# of lanes (local memory), rows taken longest first in windows (row_order), both, and
+# eight columns a work-item (at k = 32); sell's eight columns.  block_mapping="lanes" is
+# given: Oclgrind counts as a GPU, where it is the CSR formats' default anyway, but the
+# driver once ran these only where it was not (CPUs), so never under Oclgrind.
+_LANES = {"block_mapping": "lanes"}
+_CSR_LANE_VARIANTS = [{**_LANES, "lane_split": 4, "lane_columns": 2, QUICK: True},
+                      {**_LANES, "lane_order": 8, "lane_columns": 8, QUICK: True},
+                      {**_LANES, "lane_order": 8, "lane_split": 2},
+                      {**_LANES, "lane_columns": 8}]
+LANE_VARIANTS = {
+    "csr-scalar": _CSR_LANE_VARIANTS,
+    "csr-vector": _CSR_LANE_VARIANTS,
+    "sell": [{"lane_columns": 8, QUICK: True}],
+}
+
 # Reduced-precision value storage (value_bits, formats/storage.py): run in the quick
 # pass too, in each dtype (value_bits=32 in float64 only: it is float32's default), with
 # block products; the driver compares them with the matrix rounded as stored.  The
@@ -196,6 +232,23 @@ VALUE_BITS_VARIANTS = {
 }
 
 
+# csr-vector's escaped 16-bit columns (the driver's wide_columns: 40 x 70,001, its row
+# blocks narrow and too wide in turn, with small groups); "auto" keeps 16 bits there
+# (few entries escape).  The first alone, in float32, is the default run's; the last
+# two add half values (value_bits=16: the escape with half loads) and the lanes
+# kernel's row split (lane_split=4: the wide loop in each group of a row's lanes).
+WIDE_COLUMN_VARIANTS = [
+    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 2, "col_bits": 16},
+    {"mapping": "adaptive", "work_group_size": 8, "items_per_thread": 3, "col_bits": "auto"},
+    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 3, "col_bits": 16,
+     "index_bits": 64},
+    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 2, "col_bits": 16,
+     "value_bits": 16},
+    {"mapping": "adaptive", "work_group_size": 8, "items_per_thread": 3, "col_bits": 16,
+     "block_mapping": "lanes", "lane_split": 4},
+]
+
+
 def variants(name):
     """``(label, device_override, params, all_dtypes, quick)`` for every variant of
     format ``name``: its defaults, its own sweep, then its defaults under each of
@@ -206,6 +259,7 @@ def variants(name):
     value_bits entry."""
     out = [("default", {}, {}, True, False)]
     for i, entry in enumerate(VARIANTS.get(name, [])):
+        # (POSITIONS64 stays in params: the driver takes it out)
         params = {k: v for k, v in entry.items() if k not in (PROFILE, QUICK)}
         if params or entry.get(PROFILE):
             out.append((f"v{i}", dict(entry.get(PROFILE, {})), params, False,

@@ -63,6 +63,20 @@ def banded_with_holes(rng, n=300):
     return sp.vstack([A[:100], sp.csr_matrix((15, n)), A[115:]]).tocsr()
 
 
+def few_wide_blocks(rng, rows=600, n=70_000):
+    """csr-vector's escape (col_bits=16): row r's few columns lie within 110 of
+    ``110 * r``, so that row blocks span less than 16 bits, but rows 0, 1, 300 and the
+    last reach across the matrix: their blocks escape (32-bit columns in col_wide).
+    Some rows are empty; values around 3 (half holds them)."""
+    lengths = rng.integers(0, 6, rows)
+    lengths[[2, 299, 301]] = 0
+    cols = [110 * r + rng.choice(110, k, replace=False) for r, k in enumerate(lengths)]
+    r_idx = np.concatenate([np.repeat(np.arange(rows), lengths), [0, 1, 300, rows - 1]])
+    c_idx = np.concatenate([*cols, [n - 1, 5, n - 7, 0]])
+    values = 3.0 * rng.standard_normal(r_idx.size)
+    return sp.csr_matrix((values, (r_idx, c_idx)), shape=(rows, n))
+
+
 def random_csr(rng, m, n, density):
     """Uniformly random CSR with standard-normal values."""
     return sp.random(m, n, density=density, format="csr", random_state=rng,

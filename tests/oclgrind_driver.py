@@ -13,6 +13,13 @@ y is a fresh, never-written device buffer for the beta == 0 products, so a kerne
 reads y when it must not (or leaves rows unwritten for a later pass to read) shows up
 as an uninitialised-value report.
 
+Besides each variant's products, the corpus loop runs, with each format's defaults,
+transposed products, device blocks column by column (formats without block kernels)
+and the lanes kernels' own parameters (LANE_VARIANTS).  Passes of their own:
+``--only-complex`` (``--complex-dtype complex128`` too), ``--wide-columns`` and
+``--in-place`` (the USE_HOST_PTR host path, to be run without --uninitialized);
+``--quick`` reduces each to the default test run's share.
+
 Every OpenCL object made here is kept alive until the end: Oclgrind 21.10 does not free
 the uninitialised-value shadow of a released buffer, and a later buffer that reuses the
 id inherits that shadow, with the old buffer's size: a kernel writing the new buffer
@@ -21,6 +28,7 @@ beyond the old size leaves it "uninitialised" and the next kernel reading it is 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -40,13 +48,19 @@ from conftest import assert_close, reference  # noqa: E402
 from format_variants import (  # noqa: E402
     COMPLEX_BLOCK_VARIANTS,
     COMPLEX_VARIANTS,
+    LANE_VARIANTS,
+    POSITIONS64,
     PROFILE,
+    QUICK,
+    WIDE_COLUMN_VARIANTS,
     variants,
 )
 from matrix_cases import csr_from_row_lengths, magnitudes  # noqa: E402
 
 import pyspmv_cl as psc  # noqa: E402
-from pyspmv_cl.formats import get_format  # noqa: E402
+import pyspmv_cl.matrix as matrix_module  # noqa: E402
+from pyspmv_cl.formats import csr_vector, get_format  # noqa: E402
+from pyspmv_cl.host_buffers import MAP  # noqa: E402
 from pyspmv_cl.launching import record_launches  # noqa: E402
 
 
@@ -149,24 +163,17 @@ def wide_columns(rng):
                          shape=(rows, n))
 
 
-#: csr-vector's escaped 16-bit columns (wide_columns): small groups, so that narrow and
-#: wide row blocks alternate; "auto" keeps 16 bits there (few entries escape).
-WIDE_COLUMN_VARIANTS = [
-    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 2, "col_bits": 16},
-    {"mapping": "adaptive", "work_group_size": 8, "items_per_thread": 3, "col_bits": "auto"},
-    {"mapping": "adaptive", "work_group_size": 4, "items_per_thread": 3, "col_bits": 16,
-     "index_bits": 64},
-]
-
-
-def wide_columns_pass(device, dtypes, rng, summary):
+def wide_columns_pass(device, dtypes, rng, summary, quick=False):
     """csr-vector's escape (col_wide): device conversion (compress, then widen), single
     and block products (the lanes kernel, k = 4 and 8 with two columns a work-item and
-    k = 16 with four among them) and a value update, each variant and dtype."""
+    k = 16 with four among them) and a value update, each variant and dtype.
+    ``quick`` (the default run's): the first variant in the first dtype, k = 4 and 16."""
     A = wide_columns(rng)
     t0 = time.perf_counter()
-    for params in WIDE_COLUMN_VARIANTS:
-        for dtype in dtypes:
+    wide_variants = WIDE_COLUMN_VARIANTS[:1] if quick else WIDE_COLUMN_VARIANTS
+    widths = ((4, 2), (16, 4)) if quick else ((4, 2), (8, 2), (16, 4))
+    for params in wide_variants:
+        for dtype in dtypes[:1] if quick else dtypes:
             if dtype == np.float64 and not device.profile.fp64:
                 continue
             where = f"csr-vector/wide-columns/{dtype.name} {params}"
@@ -174,24 +181,230 @@ def wide_columns_pass(device, dtypes, rng, summary):
                 op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, **params)
                 KEEP.append(op)
                 assert op._impl.col_escape and op.params["col_bits"] == 16, where
+                if "lane_split" in params:
+                    assert op._impl._lane_split(4) == params["lane_split"], where
                 summary["operators"] += 1
                 if op._impl.converting_on_device:   # (Oclgrind is a GPU: compress, widen)
-                    counts = summary["device_conversions"]
-                    counts["csr-vector"] = counts.get("csr-vector", 0) + 1
-                summary["products"] += products(op, A, dtype, rng, full=True)
+                    tally(summary["device_conversions"], "csr-vector")
+                As = as_stored(A, op)   # (value_bits: the values rounded as stored)
+                summary["products"] += products(op, As, dtype, rng, full=True, blocks=False)
                 # k = 4 and 8: the lanes kernel with two columns a work-item (regular
                 # rows), k = 16 with four (short, even rows)
-                for k, columns in ((4, 2), (8, 2), (16, 4)):
+                for k, columns in widths:
                     assert op._impl._lane_columns(k) == columns, where
                     X = rng.standard_normal((A.shape[1], k))
                     Y_d = cla.empty(op.queue, (A.shape[0], k), dtype)
                     KEEP.append(Y_d)
                     op.matmat(X.astype(dtype), out=Y_d)
-                    check(Y_d.get(), A, X, dtype)
-                summary["products"] += 3 + value_update(op, A, dtype, rng)
+                    check(Y_d.get(), As, X, dtype)
+                summary["products"] += len(widths) + value_update(op, A, dtype, rng)
             except Exception:
                 summary["failures"].append(f"{where}: " + traceback.format_exc(limit=3))
     summary["per_format_s"]["csr-vector/wide-columns"] = round(time.perf_counter() - t0, 2)
+
+
+def in_place_pass(device, names, dtypes, matrices, rng, summary, quick=False):
+    """Host products in place (host_buffers.py): x and y as USE_HOST_PTR buffers over
+    the numpy arrays themselves, the result made visible by a map: the path of devices
+    that compute in host memory (PoCL's CPU devices).  Oclgrind reports no unified
+    memory, so each operator is switched to it as tests/test_host_in_place.py does
+    (``_host_mode``).  Vectors with beta == 0 (out given or not) and beta != 0, and a
+    block of 3 with beta != 0 (block kernels in place; column by column through a
+    temporary for the other formats).  Every product is checked to have made host
+    buffers.  ``quick``: the first matrix only (else the two structured ones).  Run
+    without --uninitialized: Oclgrind 21.10 reports every read of a USE_HOST_PTR
+    buffer as uninitialised (test_oclgrind.py's test_use_host_ptr_false_positive)."""
+    made = []
+    real = matrix_module.host_buffer
+
+    def counting(*args, **kwargs):
+        buf = real(*args, **kwargs)
+        made.append(buf)
+        return buf
+
+    matrix_module.host_buffer = counting
+    try:
+        for name in names:
+            t0 = time.perf_counter()
+            for dtype in dtypes:
+                if dtype == np.float64 and not device.profile.fp64:
+                    continue
+                for mname, A in list(matrices.items())[:1 if quick else 2]:
+                    where = f"{name}/in-place/{dtype.name}/{mname}"
+                    try:
+                        try:
+                            op = psc.SpMV(A, format=name, dtype=dtype, device=device)
+                        except psc.FormatNotSuitableError as exc:
+                            if not get_format(name).may_refuse:
+                                raise
+                            summary["refused"].append(f"{where}: {exc}"[:200])
+                            continue
+                        KEEP.append(op)
+                        summary["operators"] += 1
+                        op._host_mode = MAP
+                        summary["products"] += in_place_products(op, A, dtype, rng, made)
+                        tally(summary["in_place"], name)
+                    except Exception:
+                        summary["failures"].append(f"{where}: "
+                                                   + traceback.format_exc(limit=3))
+            summary["per_format_s"][name + "/in-place"] = round(time.perf_counter() - t0, 2)
+    finally:
+        matrix_module.host_buffer = real
+
+
+def in_place_products(op, A, dtype, rng, made):
+    """The products of :func:`in_place_pass`, each checked to have gone in place."""
+    m, n = A.shape
+    x = rng.standard_normal(n).astype(dtype)
+    y0 = rng.standard_normal(m).astype(dtype)
+    X = rng.standard_normal((n, 3)).astype(dtype)
+    Y0 = rng.standard_normal((m, 3)).astype(dtype)
+
+    def in_place(product):
+        before = len(made)
+        result = product()
+        assert len(made) >= before + 2, "no host buffers: not the in-place path"
+        return result
+
+    check(in_place(lambda: op.matvec(x)), A, x, dtype)
+    out = np.full(m, np.nan, dtype)
+    in_place(lambda: op.matvec(x, out=out, alpha=0.5))
+    check(out, A, x, dtype, 0.5)
+    out = y0.copy()
+    in_place(lambda: op.matvec(x, out=out, alpha=2.0, beta=-0.5))
+    check(out, A, x, dtype, 2.0, -0.5, y0)
+    out = Y0.copy()
+    in_place(lambda: op.matmat(X, out=out, alpha=-1.5, beta=0.5))
+    check(out, A, X, dtype, -1.5, 0.5, Y0)
+    return 4
+
+
+@contextlib.contextmanager
+def timed(summary, key):
+    """Adds the seconds the block takes to ``summary["extra_s"][key]``, and its CPU
+    seconds (this process: Python, pyopencl and Oclgrind's simulation) to
+    ``summary["extra_cpu_s"][key]``: what each addition to the corpus loop costs."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        for field, spent in (("extra_s", time.perf_counter() - t0),
+                             ("extra_cpu_s", time.process_time() - c0)):
+            extra = summary.setdefault(field, {})
+            extra[key] = round(extra.get(key, 0.0) + spent, 2)
+
+
+def tally(counts, name):
+    counts[name] = counts.get(name, 0) + 1
+
+
+def make(A, name, dtype, dev, params):
+    """``psc.SpMV`` with a variant's parameters; ``POSITIONS64`` (format_variants.py)
+    builds csr-vector's merge mapping with 64-bit positions, as
+    tests/test_csr_vector_merge.py's test_64_bit_positions forces them: ``fits_int32``
+    saying no while the operator is built."""
+    params = dict(params)
+    if not params.pop(POSITIONS64, False):
+        return psc.SpMV(A, format=name, dtype=dtype, device=dev, **params)
+    fits = csr_vector.fits_int32
+    csr_vector.fits_int32 = lambda *sizes: False
+    try:
+        op = psc.SpMV(A, format=name, dtype=dtype, device=dev, **params)
+    finally:
+        csr_vector.fits_int32 = fits
+    assert op._impl.pos_dtype == np.int64, op._impl.pos_dtype
+    return op
+
+
+def transposed_products(op, A, dtype, rng, quick=False):
+    """A^T through the transposed copy (built by the first one: the operator's format and
+    parameters where they take A^T): ``op.T.matvec`` of a device x into a fresh device
+    y (beta == 0) and ``op.rmatmat`` of a device block (k = 3: blocks of 2 and 1, or
+    columns) into a written one with beta != 0; unless ``quick``, also ``op.T.matvec``
+    of a host x with beta != 0 and ``op.rmatmat`` into a fresh device block."""
+    m, n = A.shape
+    AT = sp.csr_matrix(sp.csr_matrix(A).T)
+    queue = op.queue
+    x = rng.standard_normal(m)
+    x_d = cla.to_device(queue, x.astype(dtype))
+    y_d = cla.empty(queue, n, dtype)
+    U = rng.standard_normal((m, 3))
+    U_d = cla.to_device(queue, U.astype(dtype))
+    Z0 = rng.standard_normal((n, 3)).astype(dtype)
+    Z0_d = cla.to_device(queue, Z0)
+    KEEP.extend([x_d, y_d, U_d, Z0_d])
+    op.T.matvec(x_d, out=y_d, alpha=0.5)
+    check(y_d.get(), AT, x, dtype, 0.5)
+    op.rmatmat(U_d, out=Z0_d, alpha=2.0, beta=-0.5)
+    check(Z0_d.get(), AT, U, dtype, 2.0, -0.5, Z0)
+    assert op.transposed is not None
+    if quick:
+        return 2
+    y0 = rng.standard_normal(n).astype(dtype)
+    y = op.T.matvec(x.astype(dtype), out=y0.copy(), alpha=2.0, beta=-0.5)
+    check(y, AT, x, dtype, 2.0, -0.5, y0)
+    Z_d = cla.empty(queue, (n, 3), dtype)
+    KEEP.append(Z_d)
+    op.rmatmat(U_d, out=Z_d, alpha=0.5)
+    check(Z_d.get(), AT, U, dtype, 0.5)
+    return 4
+
+
+#: The quick pass's format for k = 17 column by column (see column_products): one kernel
+#: a product, so the cheapest 17 products.
+COLUMNS_17_QUICK = "ellr-t"
+
+
+def column_products(op, A, dtype, rng, seventeen=True):
+    """A format without block kernels multiplies a block column by column
+    (formats/columns.py: X transposed on the device into columns, one product each, the
+    columns transposed into Y; Y transposed in first when beta != 0): k = 3 into a
+    written device block (beta != 0; block_products has run k = 3 with beta == 0) and,
+    with ``seventeen``, k = 17 into a fresh one (its tiles 32 columns wide, the last
+    one cut short; the transposes are the same whatever the format, so the driver
+    takes k = 17 once a format, once in all in the quick pass).  ``op`` has no block
+    copy (csr-scalar's block kernels for its blocks): checked."""
+    m, n = A.shape
+    queue = op.queue
+    X3 = rng.standard_normal((n, 3))
+    X3_d = cla.to_device(queue, X3.astype(dtype))
+    Y0 = rng.standard_normal((m, 3)).astype(dtype)
+    Y0_d = cla.to_device(queue, Y0)
+    KEEP.extend([X3_d, Y0_d])
+    with record_launches(with_names=True) as launched:
+        op.matmat(X3_d, out=Y0_d, alpha=2.0, beta=-0.5)
+        check(Y0_d.get(), A, X3, dtype, 2.0, -0.5, Y0)
+        if seventeen:
+            X = rng.standard_normal((n, 17))
+            X_d = cla.to_device(queue, X.astype(dtype))
+            Y_d = cla.empty(queue, (m, 17), dtype)
+            KEEP.extend([X_d, Y_d])
+            op.matmat(X_d, out=Y_d, alpha=0.5)
+            check(Y_d.get(), A, X, dtype, 0.5)
+    names = {name for name, _ in launched}
+    assert op.block_copy is None and not any(name.endswith("_block") for name in names), \
+        f"not column by column: {sorted(names)}"
+    assert "transpose" in names or m == 0, sorted(names)
+    return 2 if seventeen else 1
+
+
+def lanes_products(op, A, dtype, rng, lanes):
+    """Block products of an operator built with LANE_VARIANTS' parameters, every launch
+    the lanes kernel, with the parameters rendered (the split and the columns a
+    work-item at k = 32, whether rows are ordered)."""
+    impl = op._impl
+    assert impl._lanes, lanes
+    if lanes.get("lane_columns"):
+        assert impl._lane_columns(32) == min(32, lanes["lane_columns"]), lanes
+    if lanes.get("lane_split"):
+        assert impl._lane_split(2) > 1 or A.shape[0] == 0, lanes
+    if lanes.get("lane_order"):
+        assert impl._ordered or A.shape[0] <= 1, lanes
+    with record_launches(with_names=True) as launched:
+        count = block_products(op, A, dtype, rng)
+    names = {name for name, _ in launched}
+    assert names and all(name.endswith("lanes_block") for name in names), sorted(names)
+    return count
 
 
 def as_stored(A, op):
@@ -232,7 +445,7 @@ def value_update(op, A, dtype, rng):
     y_d = cla.empty(op.queue, A.shape[0], dtype)
     KEEP.append(y_d)
     op.matvec(x.astype(dtype), out=y_d)
-    check(y_d.get(), B, x, dtype)
+    check(y_d.get(), as_stored(B, op), x, dtype)
     return 1
 
 
@@ -285,10 +498,14 @@ def block_products(op, A, dtype, rng):
     return 2
 
 
-def complex_products(op, A, dtype, rng):
+def complex_products(op, A, dtype, rng, adjoint=False):
     """Complex values (formats with ``complex_values``): a complex x into a fresh device
     buffer with beta == 0 and complex alpha, a host product with complex beta != 0 (y
-    read), and the adjoint (the transposed copy, conjugated) on the first matrices."""
+    read); with ``adjoint`` (each format's defaults on the first matrix), A^H and A^T
+    through the transposed copy (which holds A^H; ``op.T`` conjugates x, the scalars
+    and y around it): ``op.H`` and ``op.T`` of a device x into fresh device buffers
+    (beta == 0), ``op.H`` of a host x with complex beta != 0, and ``op.T`` into a
+    written device y with complex beta != 0 (y conjugated in and out)."""
     m, n = A.shape
     A = sp.csr_matrix(A, dtype=np.complex128)
     x = rng.standard_normal(n) + 1j * rng.standard_normal(n)
@@ -300,7 +517,27 @@ def complex_products(op, A, dtype, rng):
     y0 = (rng.standard_normal(m) + 1j * rng.standard_normal(m)).astype(dtype)
     y = op.matvec(x, out=y0.copy(), alpha=2.0, beta=-0.5 + 1j)
     ccheck(y, 2.0 * (A @ x) + (-0.5 + 1j) * y0, A, x, dtype, abs(y0) * 1.2)
-    return 2
+    if not adjoint:
+        return 2
+    AH = sp.csr_matrix(A.conj().T)
+    AT = sp.csr_matrix(A.T)
+    u = rng.standard_normal(m) + 1j * rng.standard_normal(m)
+    u_d = cla.to_device(op.queue, u.astype(dtype))
+    z_d = cla.empty(op.queue, n, dtype)
+    w_d = cla.empty(op.queue, n, dtype)
+    z0 = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dtype)
+    z0_d = cla.to_device(op.queue, z0)
+    KEEP.extend([u_d, z_d, w_d, z0_d])
+    op.H.matvec(u_d, out=z_d, alpha=0.5 - 1j)
+    ccheck(z_d.get(), (0.5 - 1j) * (AH @ u), AH, u, dtype)
+    op.T.matvec(u_d, out=w_d, alpha=1j)
+    ccheck(w_d.get(), 1j * (AT @ u), AT, u, dtype)
+    z = op.H.matvec(u, out=z0.copy(), alpha=2.0, beta=-0.5 + 1j)
+    ccheck(z, 2.0 * (AH @ u) + (-0.5 + 1j) * z0, AH, u, dtype, abs(z0) * 1.2)
+    op.T.matvec(u_d, out=z0_d, alpha=2.0 - 1j, beta=0.5j)
+    ccheck(z0_d.get(), (2.0 - 1j) * (AT @ u) + 0.5j * z0, AT, u, dtype, abs(z0) * 1.2)
+    assert op.transposed is not None
+    return 6
 
 
 def complex_block_products(op, A, dtype, rng, wide=False):
@@ -350,22 +587,26 @@ def ccheck(y, ref, A, x, dtype, extra=0.0):
     assert np.all(np.abs(y - ref) <= 1e-5 * scale + 1e-30), "complex product off"
 
 
-def complex_pass(device, names, matrices, rng, summary, wide=False):
-    """Each complex-capable format with its defaults and its COMPLEX_VARIANTS,
-    complex64, on the corpus (not with ``wide``), then its block variants
-    (:func:`complex_block_pass`)."""
-    dtype = np.dtype(np.complex64)
+def complex_pass(device, names, matrices, rng, summary, wide=False, dtype=np.complex64,
+                 quick=False):
+    """Each complex-capable format with its defaults and its COMPLEX_VARIANTS, in
+    ``dtype``, on the corpus (not with ``wide``), A^H and A^T with the defaults on the
+    first matrix, then its block variants (:func:`complex_block_pass`).  ``quick``: the
+    defaults on the first matrix alone, no A^H or A^T, no block variants."""
+    dtype = np.dtype(dtype)
     for name in names:
         if not get_format(name).complex_values:
             continue
         t0 = time.perf_counter()
+        corpus_runs = list(matrices.items())[:1] if quick else matrices.items()
         runs = [] if wide else [(mname, A, params) for params in
-                                [{}] + COMPLEX_VARIANTS.get(name, [])
-                                for mname, A in matrices.items()]
+                                [{}] + ([] if quick else COMPLEX_VARIANTS.get(name, []))
+                                for mname, A in corpus_runs]
         for mname, A, params in runs:
             A = sp.csr_matrix(A, dtype=np.complex128)
             A.data = A.data * (1 - 0.5j) + 0.25j   # explicit zeros become non-zero
-            where = f"{name}/complex64/{mname}" + (f" {params}" if params else "")
+            where = f"{name}/{dtype.name}/{mname}" + (f" {params}" if params else "")
+            adjoint = not (params or quick) and mname == next(iter(matrices))
             try:
                 try:
                     op = psc.SpMV(A, format=name, dtype=dtype, device=device, **params)
@@ -376,20 +617,22 @@ def complex_pass(device, names, matrices, rng, summary, wide=False):
                     continue
                 KEEP.append(op)
                 summary["operators"] += 1
-                summary["products"] += complex_products(op, A, dtype, rng)
+                with timed(summary, "adjoint" if adjoint else "complex"):
+                    summary["products"] += complex_products(op, A, dtype, rng, adjoint)
+                if adjoint:
+                    tally(summary["transposed"], name)
             except Exception:
                 summary["failures"].append(f"{where}: " + traceback.format_exc(limit=3))
         summary["per_format_s"][name + "/complex"] = round(time.perf_counter() - t0, 2)
-        if name in COMPLEX_BLOCK_VARIANTS:
+        if name in COMPLEX_BLOCK_VARIANTS and not quick:
             t0 = time.perf_counter()
-            complex_block_pass(device, name, matrices, rng, summary, wide)
+            complex_block_pass(device, name, matrices, rng, summary, wide, dtype)
             summary["per_format_s"][name + "/complex-block"] = round(
                 time.perf_counter() - t0, 2)
 
 
-def complex_block_pass(device, name, matrices, rng, summary, wide):
+def complex_block_pass(device, name, matrices, rng, summary, wide, dtype):
     """Format ``name``'s complex block variants on the two structured matrices."""
-    dtype = np.dtype(np.complex64)
     for i, params in enumerate(COMPLEX_BLOCK_VARIANTS[name]):
         params = dict(params)
         override = params.pop(PROFILE, None)
@@ -397,7 +640,7 @@ def complex_block_pass(device, name, matrices, rng, summary, wide):
         for mname, A in list(matrices.items())[:2]:
             A = sp.csr_matrix(A, dtype=np.complex128)
             A.data = A.data * (1 - 0.5j) + 0.25j
-            where = f"{name}/complex64-block-v{i}/{mname}"
+            where = f"{name}/{dtype.name}-block-v{i}/{mname}"
             try:
                 op = psc.SpMV(A, format=name, dtype=dtype, device=dev, **params)
                 KEEP.append(op)
@@ -423,6 +666,10 @@ def main(argv=None):
                         help="the complex pass: block variants only, with width-8 blocks")
     parser.add_argument("--wide-columns", action="store_true",
                         help="csr-vector's escaped 16-bit columns alone (no other pass)")
+    parser.add_argument("--complex-dtype", default="complex64",
+                        help="the complex pass's type (complex64 or complex128)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="host products in place (USE_HOST_PTR) alone (no other pass)")
     parser.add_argument("--quick", action="store_true",
                         help="each format's defaults, natively and under a GPU profile, "
                         "and its value_bits variants")
@@ -437,15 +684,22 @@ def main(argv=None):
     matrices = corpus(rng)
     summary = {"device": device.profile.name, "formats": names, "operators": 0,
                "products": 0, "refused": [], "failures": [], "per_format_s": {},
-               "device_conversions": {}, "value_updates": 0}
+               "device_conversions": {}, "value_updates": 0, "transposed": {},
+               "column_blocks": {}, "lane_variants": [], "positions64": 0,
+               "in_place": {}, "columns_17": [], "dtypes": [d.name for d in dtypes],
+               "extra_s": {},
+               "extra_cpu_s": {}}
     if args.wide_columns:
-        wide_columns_pass(device, dtypes, rng, summary)
+        wide_columns_pass(device, dtypes, rng, summary, args.quick)
+    if args.in_place:
+        in_place_pass(device, names, dtypes, matrices, rng, summary, args.quick)
     for name in [] if (args.only_complex or args.wide_complex_blocks
-                       or args.wide_columns) else names:
+                       or args.wide_columns or args.in_place) else names:
         t0 = time.perf_counter()
         may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes, quick in variants(name):
             reduced = label.startswith("bits")   # value_bits: VALUE_BITS_VARIANTS
+            plain = {k: v for k, v in params.items() if k != POSITIONS64}
             if args.quick and label not in QUICK_VARIANTS and not quick:
                 continue   # a sweep entry, or a profile the full pass covers
             dev = device.override(**override) if override else device
@@ -458,7 +712,9 @@ def main(argv=None):
                     where = f"{name}/{label}/{dtype.name}/{mname}"
                     try:
                         try:
-                            op = psc.SpMV(A, format=name, dtype=dtype, device=dev, **params)
+                            with timed(summary, "positions64") if params.get(
+                                    POSITIONS64) else contextlib.nullcontext():
+                                op = make(A, name, dtype, dev, params)
                         except psc.FormatNotSuitableError as exc:
                             if not may_refuse:
                                 raise
@@ -466,6 +722,7 @@ def main(argv=None):
                             continue
                         KEEP.append(op)
                         summary["operators"] += 1
+                        summary["positions64"] += bool(params.get(POSITIONS64))
                         # Operators converted on the device (GPU profiles: a format with
                         # host_input_on_device uploads the CSR and lays it out there).
                         if op._impl.converting_on_device:
@@ -474,7 +731,7 @@ def main(argv=None):
                         if reduced and i == 0:
                             summary["operators"] += 1
                             summary["products"] += reduced_on_device(
-                                A, name, dtype, dev, params, rng)
+                                A, name, dtype, dev, plain, rng)
                         A = as_stored(A, op)
                         # The full set on the two structured matrices, beta == 0 elsewhere.
                         # Block kernels with each format's defaults (both dtypes in the
@@ -483,43 +740,70 @@ def main(argv=None):
                         # ell's and sell's lanes block kernels run on GPU profiles only.
                         gpu_lanes = (label == "gpu32" and name in ("ell", "sell")
                                      and i == 0)
-                        summary["products"] += products(
-                            op, A, dtype, rng, full=i < 2,
-                            blocks=(label == "default" or reduced or gpu_lanes) and (
-                                not args.quick or dtype == np.float32))
-                        if i == 0 and not reduced and label in ("default", "gpu32"):
-                            summary["products"] += value_update(op, A, dtype, rng)
-                            summary["value_updates"] += 1
+                        with timed(summary, "positions64") if params.get(
+                                POSITIONS64) else contextlib.nullcontext():
+                            summary["products"] += products(
+                                op, A, dtype, rng, full=i < 2,
+                                blocks=(label == "default" or reduced or gpu_lanes) and (
+                                    not args.quick or dtype == np.float32))
                         if (label == "default" and name in LANES_FORMATS
                                 and (not args.quick or dtype == np.float32)):
                             # The block mapping the device type did not pick.
                             other = ({"items", "lanes"} - {op.params["block_mapping"]}).pop()
                             op2 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
-                                           block_mapping=other, **params)
+                                           block_mapping=other, **plain)
                             KEEP.append(op2)
                             summary["products"] += block_products(op2, A, dtype, rng)
-                            if other == "lanes" and name == "csr-scalar":
-                                # A fixed lane_columns: 8 columns a work-item at k = 32,
-                                # rows longest first in windows of 8 (row_order).
-                                op3 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
-                                               block_mapping="lanes", lane_columns=8,
-                                               lane_order=8, **params)
+                        # The first matrices (the first in the quick pass, float32):
+                        # transposed products (the full pass: the second matrix in the
+                        # first dtype alone), blocks column by column, lanes kernels'
+                        # own parameters.
+                        extras = label == "default" and i < (1 if args.quick else 2) and (
+                            not args.quick or dtype == np.float32)
+                        if extras and (i == 0 or dtype == dtypes[0]):
+                            with timed(summary, "transposed"):
+                                summary["products"] += transposed_products(
+                                    op, A, dtype, rng, args.quick)
+                            tally(summary["transposed"], name)
+                        if extras and not op._impl.has_block_kernels:
+                            with timed(summary, "column_blocks"):
+                                # Without the block copy: a CPU profile buys it for the
+                                # first block product here, a GPU's never pays for it.
+                                op3 = op if dev.profile.is_gpu else psc.SpMV(
+                                    A, format=name, dtype=dtype, device=dev,
+                                    block_copy=False, **plain)
                                 KEEP.append(op3)
-                                summary["products"] += block_products(op3, A, dtype, rng)
-                            if other == "lanes" and name == "csr-vector":
-                                # Rows split among 4 groups of lanes (local memory).
-                                op4 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
-                                               block_mapping="lanes", lane_split=4,
-                                               lane_columns=2, **params)
-                                KEEP.append(op4)
-                                summary["products"] += block_products(op4, A, dtype, rng)
+                                seventeen = name == COLUMNS_17_QUICK if args.quick else (
+                                    i == 0 and dtype == dtypes[0])
+                                summary["products"] += column_products(op3, A, dtype, rng,
+                                                                       seventeen)
+                            tally(summary["column_blocks"], name)
+                            summary["columns_17"] += [name] if seventeen else []
+                        for lanes in LANE_VARIANTS.get(name, []) if (
+                                extras and dtype == dtypes[0]) else []:
+                            if args.quick and not lanes.get(QUICK):
+                                continue
+                            lanes = {k: v for k, v in lanes.items() if k != QUICK}
+                            with timed(summary, "lane_variants"):
+                                op3 = psc.SpMV(A, format=name, dtype=dtype, device=dev,
+                                               **lanes)
+                                KEEP.append(op3)
+                                summary["products"] += lanes_products(op3, A, dtype, rng,
+                                                                      lanes)
+                            summary["lane_variants"].append(f"{name} {lanes}")
+                        # (last: it changes the operator's values)
+                        if i == 0 and not reduced and label in ("default", "gpu32"):
+                            summary["products"] += value_update(op, A, dtype, rng)
+                            summary["value_updates"] += 1
                     except Exception:
                         summary["failures"].append(f"{where} {params}: "
                                                    + traceback.format_exc(limit=3))
         summary["per_format_s"][name] = round(time.perf_counter() - t0, 2)
     if args.complex or args.only_complex or args.wide_complex_blocks:
-        complex_pass(device, names, matrices, rng, summary, args.wide_complex_blocks)
+        complex_pass(device, names, matrices, rng, summary, args.wide_complex_blocks,
+                     np.dtype(args.complex_dtype), args.quick)
     summary["seconds"] = round(time.perf_counter() - started, 2)
+    summary["cpu_seconds"] = round(time.process_time(), 2)
     print(json.dumps(summary), flush=True)
     return 1 if summary["failures"] else 0
 

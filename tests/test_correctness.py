@@ -3,13 +3,21 @@ edge-case corpus (tests/matrix_cases.py), alpha/beta, vector shapes, every scipy
 type, device-resident vectors, index widths, csr-vector geometries, GPU-shaped profile
 overrides and a conjugate-gradient solve through ``aslinearoperator``."""
 
+import re
+
 import numpy as np
 import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from conftest import DTYPES, assert_close, make_operator, poisoned, skip_without_fp64
-from matrix_cases import CASES, check_against_scipy, csr_from_row_lengths, magnitudes
+from matrix_cases import (
+    CASES,
+    check_against_scipy,
+    csr_from_row_lengths,
+    few_wide_blocks,
+    magnitudes,
+)
 
 import pyspmv_cl as psc
 from pyspmv_cl.errors import InvalidParameterError
@@ -550,6 +558,48 @@ def test_streamed_loads_render_the_one_helper(fmt, params, dtypes, device, rng):
         assert f"evict_first_{name}(" in _EVICT_FIRST_PROBE
         assert f"evict_first.{name} " in helper
 
+
+@pytest.mark.skipif("csr-vector" not in FORMATS, reason="no csr-vector format")
+@pytest.mark.parametrize("escape", [False, True], ids=["col16", "col16-escape"])
+def test_streamed_loads_render_the_column_offsets(escape, device, rng):
+    """csr-vector's 16-bit columns with streamed_loads on (rendered only, as
+    test_streamed_loads_render_the_one_helper does): a column is the row block's base
+    plus its offset read through evict_first_u16, no col_idx; with the escape (a few
+    row blocks wider than 16 bits: few_wide_blocks) the kernel takes col_wide, an
+    index_t array that the wide loop reads through STREAMI, the index type's function;
+    the helper is included once either way."""
+    from pyspmv_cl import codegen
+
+    helper = codegen.helper("evict_first.cl")
+    A = few_wide_blocks(rng) if escape else CASES["power_law"](rng)
+    # (col_wide's type follows index_bits: both with the escape)
+    for dtype, index_bits in ((np.float32, 32), (np.float64, 64))[:2 if escape else 1]:
+        if not device.profile.fp64 and dtype == np.float64:
+            continue
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, mapping="adaptive",
+                      col_bits=16, index_bits=index_bits)
+        impl, program = op._impl, op._impl.programs()[0]
+        assert op.params["col_bits"] == 16 and impl.col_escape is escape
+        source = codegen.render(program.template, dtype=impl.dtype,
+                                index_dtype=impl.index_dtype, profile=device.profile,
+                                kernels=program.kernels, work_group_size=64,
+                                **{**program.params, "streamed_loads": True})
+        assert source.count(helper) == 1
+        value = "f64" if dtype == np.float64 else "f32"
+        index = "s64" if impl.index_dtype == np.int64 else "s32"
+        assert f"#define STREAMV(p) evict_first_{value}(p)" in source
+        assert f"#define STREAMI(p) evict_first_{index}(p)" in source
+        assert "#define COLUMN(j) (block_base + (index_t)evict_first_u16(col_off + (j)))" \
+            in source
+        assert "#define WIDE(j) STREAMI(col_wide + (j) + wide_at)" in source
+        assert "col_idx" not in source
+        # The wide loop's array, an index_t one (STREAMI reads index_t): with the escape
+        # alone.
+        wide_arg = re.search(r"__global\s+const\s+index_t\s*\*\s*(restrict\s+)?col_wide\b",
+                             source)
+        assert bool(wide_arg) is escape, source[:3000]
+        if escape:
+            assert impl.buffers["col_wide"].size == impl.n_wide * impl.index_dtype.itemsize
 
 def test_the_evict_first_ptx_is_written_once():
     """kernels/evict_first.cl holds the PTX loads; no template or module repeats them."""

@@ -38,10 +38,13 @@ import pytest
 from format_variants import (
     COMPLEX_BLOCK_VARIANTS,
     COMPLEX_VARIANTS,
+    LANE_VARIANTS,
+    POSITIONS64,
     PROFILE,
     QUICK,
     VALUE_BITS_VARIANTS,
     VARIANTS,
+    WIDE_COLUMN_VARIANTS,
 )
 
 import pyspmv_cl as psc
@@ -113,12 +116,13 @@ def test_filter_keeps_real_reports():
 def test_variant_table_matches_the_formats():
     """Every parameter in tests/format_variants.py is one the format takes (a renamed
     parameter must not silently drop out of the Oclgrind pass)."""
-    for name, entries in [*VARIANTS.items(), *VALUE_BITS_VARIANTS.items()]:
+    for name, entries in [*VARIANTS.items(), *VALUE_BITS_VARIANTS.items(),
+                          *LANE_VARIANTS.items(), ("csr-vector", WIDE_COLUMN_VARIANTS)]:
         if name not in psc.formats():
             continue  # a format another change has not registered (yet)
         allowed = set(get_format(name).parameter_names())
         for entry in entries:
-            unknown = set(entry) - allowed - {PROFILE, QUICK}
+            unknown = set(entry) - allowed - {PROFILE, QUICK, POSITIONS64}
             assert not unknown, f"{name}: {sorted(unknown)} not in {sorted(allowed)}"
 
 
@@ -252,8 +256,13 @@ def test_sixteen_lane_shuffle_false_positive(tmp_path):
     pytest.param("every variant", marks=pytest.mark.exhaustive)])
 def test_all_formats_clean_under_oclgrind(scope):
     """Every format under Oclgrind: its defaults, a GPU profile and the sweep entries
-    marked QUICK (csr-vector's merge mapping) by default, every profile and its own
-    parameter sweep with ``--exhaustive`` (tests/conftest.py)."""
+    marked QUICK (csr-vector's merge mapping, with 64-bit positions too) by default,
+    every profile and its own parameter sweep with ``--exhaustive``
+    (tests/conftest.py).  With the defaults, on the first matrix in float32 (the first
+    two in both types with ``--exhaustive``): transposed products (op.T, op.rmatmat)
+    for every format, device blocks column by column for the formats without block
+    kernels, and the lanes kernels' own parameters (LANE_VARIANTS, in float32: those
+    marked QUICK by default)."""
     proc, seconds = run_under_oclgrind([str(DRIVER)] + (["--quick"] if scope == "quick"
                                                         else []))
     findings = oclgrind_findings(proc.stderr)
@@ -276,6 +285,35 @@ def test_all_formats_clean_under_oclgrind(scope):
     # update_values on each format's first matrix, natively and under the GPU profile
     # (its map found on the device there: the gather kernel under Oclgrind's checks).
     assert summary["value_updates"] >= 2 * len(summary["formats"])
+    check_gaps(summary, quick=scope == "quick")
+
+
+#: The formats without block kernels (their blocks go column by column, through the
+#: device transpose of formats/columns.py).
+COLUMN_FORMATS = {"coo", "dia", "ellr-t", "hyb", "cmrs", "csr5", "bccoo"}
+
+
+def check_gaps(summary, quick):
+    """What the corpus loop runs besides each variant's products (the driver's
+    ``extras``), counted in its summary; prints what each cost (``extra_s``)."""
+    print(f"  added: {summary['extra_s']}")
+    formats = set(summary["formats"])
+    per_format = 1 if quick else 2 * len(summary["dtypes"])
+    # (transposed: the second matrix in the first dtype alone)
+    assert summary["transposed"] == {name: 1 if quick else len(summary["dtypes"]) + 1
+                                     for name in formats}, summary["transposed"]
+    assert summary["column_blocks"] == {name: per_format for name in COLUMN_FORMATS
+                                        & formats}, summary["column_blocks"]
+    # k = 17 (the transposes' tiles cut short): once a format, or in one of them
+    assert sorted(summary["columns_17"]) == (["ellr-t"] if quick else sorted(
+        COLUMN_FORMATS & formats)), summary["columns_17"]
+    lanes = [f"{name} { {k: v for k, v in entry.items() if k != QUICK} }"
+             for name, entries in LANE_VARIANTS.items() if name in formats
+             for entry in entries if entry.get(QUICK) or not quick]
+    assert sorted(summary["lane_variants"]) == sorted(lanes * (1 if quick else 2))
+    sweep64 = [e for e in VARIANTS["csr-vector"] if e.get(POSITIONS64)
+               and (e.get(QUICK) or not quick)]
+    assert summary["positions64"] == 6 * len(sweep64) > 0   # (six matrices, float32)
 
 
 def run_pass(driver_args, flags=OCLGRIND_FLAGS):
@@ -296,12 +334,15 @@ def run_pass(driver_args, flags=OCLGRIND_FLAGS):
 
 def test_complex_clean_under_oclgrind():
     """complex64 under every flag: each complex-capable format's defaults and
-    COMPLEX_VARIANTS (csr-vector's merge mapping) on the corpus, and the block variants
-    of format_variants.py (csr-scalar, csr-vector's row mapping, ell, sell's two
-    mappings) with blocks of width 4, 2 and 1, A^H's too."""
+    COMPLEX_VARIANTS (csr-vector's merge mapping) on the corpus, A^H and A^T (op.H,
+    op.T: the transposed copy, conjugated around for A^T) with the defaults on the first
+    matrix, and the block variants of format_variants.py (csr-scalar, csr-vector's row
+    mapping, ell, sell's two mappings) with blocks of width 4, 2 and 1, A^H's too."""
     summary = run_pass(["--only-complex"])
     complex_formats = {n for n in psc.formats() if get_format(n).complex_values}
     timed = summary["per_format_s"]
+    print(f"  adjoint products: {summary['extra_s'].get('adjoint')} s")
+    assert summary["transposed"] == {n: 1 for n in complex_formats}
     assert {n for n in complex_formats if n + "/complex" in timed} == complex_formats
     assert {n.split("/")[0] for n in timed if n.endswith("/complex-block")} == set(
         COMPLEX_BLOCK_VARIANTS)
@@ -311,15 +352,115 @@ def test_complex_clean_under_oclgrind():
                                     + variant_operators)
 
 
-@pytest.mark.exhaustive
-def test_wide_columns_clean_under_oclgrind():
+@pytest.mark.parametrize("scope", [
+    pytest.param("quick", marks=pytest.mark.quick_only),
+    pytest.param("every variant", marks=pytest.mark.exhaustive)])
+def test_complex128_clean_under_oclgrind(scope):
+    """complex128 (double2 values) under every flag: each complex-capable format's
+    defaults on the first matrix by default; with ``--exhaustive`` the whole complex
+    pass as test_complex_clean_under_oclgrind runs it in complex64 (the corpus,
+    COMPLEX_VARIANTS, A^H and A^T, the block variants)."""
+    quick = scope == "quick"
+    summary = run_pass(["--only-complex", "--complex-dtype", "complex128"]
+                       + (["--quick"] if quick else []))
+    complex_formats = {n for n in psc.formats() if get_format(n).complex_values}
+    timed = summary["per_format_s"]
+    assert {n for n in complex_formats if n + "/complex" in timed} == complex_formats
+    if quick:
+        assert summary["operators"] == len(complex_formats) and not summary["refused"]
+        return
+    print(f"  adjoint products: {summary['extra_s'].get('adjoint')} s")
+    assert summary["transposed"] == {n: 1 for n in complex_formats}
+    assert {n.split("/")[0] for n in timed if n.endswith("/complex-block")} == set(
+        COMPLEX_BLOCK_VARIANTS)
+    assert summary["operators"] >= (5 * len(complex_formats)
+                                    + 2 * sum(len(v) for v in COMPLEX_BLOCK_VARIANTS.values())
+                                    + 5 * sum(len(v) for v in COMPLEX_VARIANTS.values()))
+
+
+@pytest.mark.parametrize("scope", [
+    pytest.param("quick", marks=pytest.mark.quick_only),
+    pytest.param("every variant", marks=pytest.mark.exhaustive)])
+def test_wide_columns_clean_under_oclgrind(scope):
     """csr-vector's escaped 16-bit columns (row blocks spanning more than 16 bits keep
     32-bit columns in col_wide): the compress and widen kernels, single and block
-    products and a value update, float32 and float64, under every flag (about 70 s
-    here: the exhaustive run)."""
-    summary = run_pass(["--wide-columns"])
-    assert summary["operators"] == 6 and summary["products"] >= 6 * 5
-    assert summary["device_conversions"] == {"csr-vector": 6}
+    products and a value update under every flag.  By default the first of
+    WIDE_COLUMN_VARIANTS in float32 (blocks of 4 and 16); with ``--exhaustive`` each of
+    them (half values and the lanes kernel's row split among them) in float32 and
+    float64."""
+    quick = scope == "quick"
+    summary = run_pass(["--wide-columns"] + (["--quick"] if quick else []))
+    operators = 1 if quick else 2 * len(WIDE_COLUMN_VARIANTS)
+    assert summary["operators"] == operators
+    assert summary["products"] >= operators * (6 if quick else 7)
+    assert summary["device_conversions"] == {"csr-vector": operators}
+
+
+USE_HOST_PTR = textwrap.dedent("""
+    import sys, numpy as np, pyopencl as cl
+    ctx = cl.create_some_context(interactive=False)
+    q = cl.CommandQueue(ctx)
+    prg = cl.Program(ctx, '''
+    __kernel void k(__global const float *a, __global float *o) {
+        o[get_global_id(0)] = 2 * a[get_global_id(0)]; }''').build()
+    host = np.arange(8, dtype=np.float32)
+    how = cl.mem_flags.USE_HOST_PTR if sys.argv[1] == "use" else cl.mem_flags.COPY_HOST_PTR
+    a = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | how, hostbuf=host)
+    o = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 32)
+    prg.k(q, (8,), None, a, o)
+    r = np.empty(8, np.float32)
+    cl.enqueue_copy(q, r, o)
+    assert (r == 2 * host).all(), r
+""")
+
+
+def test_use_host_ptr_false_positive(tmp_path):
+    """Documents why the in-place host path runs under Oclgrind without
+    --uninitialized (test_host_in_place_under_oclgrind): Oclgrind 21.10 reports the
+    values a kernel reads from a USE_HOST_PTR buffer, which the host array initialised,
+    as uninitialised (here one "uninitialized value written" a work-item), and nothing
+    for the same array given with COPY_HOST_PTR.  Once a version is clean with
+    USE_HOST_PTR, that test can take every flag."""
+    script = tmp_path / "hostptr.py"
+    script.write_text(USE_HOST_PTR)
+    copied, _ = run_under_oclgrind([str(script), "copy"], timeout=300)
+    used, _ = run_under_oclgrind([str(script), "use"], timeout=300)
+    assert copied.returncode == 0 and used.returncode == 0, used.stderr[-2000:]
+    assert oclgrind_findings(copied.stderr) == ""
+    version = subprocess.run([shutil.which("oclgrind"), "--version"], capture_output=True,
+                             text=True).stdout
+    if "Oclgrind 21.10" not in version:
+        pytest.skip(f"the false positive was seen with Oclgrind 21.10, not {version.strip()}")
+    found = oclgrind_findings(used.stderr)
+    assert found.count("Uninitialized value written") == 8, found
+
+
+#: The in-place pass's formats by default: a one-kernel format, one with several
+#: kernels, one with two formats' kernels (every format with --exhaustive).
+IN_PLACE_QUICK = ("csr-scalar", "coo", "hyb")
+
+
+@pytest.mark.parametrize("scope", [
+    pytest.param("quick", marks=pytest.mark.quick_only),
+    pytest.param("every format", marks=pytest.mark.exhaustive)])
+def test_host_in_place_under_oclgrind(scope):
+    """The in-place host path of devices that compute in host memory (PoCL's CPU
+    devices; tests/test_host_in_place.py): x and y as USE_HOST_PTR buffers over the
+    numpy arrays, the result mapped, every product checked to have gone that way.
+    Under --data-races --check-api (out-of-bounds accesses, races, API misuse):
+    Oclgrind 21.10's --uninitialized reports any read of such a buffer
+    (test_use_host_ptr_false_positive).  Vectors (beta == 0 and != 0) and a block of
+    3: on the first matrix in float32 for IN_PLACE_QUICK by default, on the two
+    structured ones in float32 and float64 for every format with --exhaustive."""
+    quick = scope == "quick"
+    names = IN_PLACE_QUICK if quick else psc.formats()
+    summary = run_pass(["--in-place", "--formats", ",".join(names)]
+                       + (["--quick", "--dtypes", "float32"] if quick else []),
+                       flags=[f for f in OCLGRIND_FLAGS if f != "--uninitialized"])
+    refused = [r.split("/")[0] for r in summary["refused"]]
+    assert {get_format(n).may_refuse for n in refused} <= {True}, summary["refused"]
+    runs = {n: (1 if quick else 4) - refused.count(n) for n in names}
+    assert summary["in_place"] == {n: k for n, k in runs.items() if k}, summary["in_place"]
 
 
 def test_wide_complex_blocks_under_oclgrind():

@@ -16,6 +16,7 @@ import pyopencl.array as cla
 import pytest
 import scipy.sparse as sp
 from conftest import DEVICES, assert_close, poisoned, reference, skip_without_fp64
+from matrix_cases import few_wide_blocks
 
 import pyspmv_cl as psc
 from pyspmv_cl.adjoint import current_values
@@ -147,6 +148,58 @@ def test_tiny_values_flush_to_zero_in_half(dev):
     assert y[0] == 2.0**-24
     assert y[1] == np.float64(np.float16(1e-3))
 
+
+# csr-vector's 16-bit columns with reduced values: (mode, conversion, matrix); the
+# default run takes the first two, --exhaustive the others too.
+COL16_CASES = [(0, "host", "narrow"), (2, "device", "escape"), (0, "host", "escape"),
+               (1, "device", "narrow"), (0, "device", "escape"), (1, "host", "escape")]
+
+
+@pytest.mark.parametrize("mode, where, blocks", [
+    pytest.param(MODES[i], where, blocks, id=f"{MODE_IDS[i]}-{where}-{blocks}",
+                 marks=() if n < 2 else pytest.mark.exhaustive)
+    for n, (i, where, blocks) in enumerate(COL16_CASES)])
+def test_col_bits_16(mode, where, blocks, dev, rng):
+    """csr-vector's adaptive mapping with 16-bit columns (offsets from each row block's
+    base) and reduced values, converted on the host or (a CSR given on the device)
+    there; "escape": a few row blocks wider than 16 bits keep 32-bit columns in
+    col_wide (tests/test_csr_vector_col_bits.py).  Single products with alpha and beta,
+    device vectors, blocks through the lanes kernel (its wide loop too), a value
+    update."""
+    dtype, bits = mode
+    skip_without_fp64(dev, dtype)
+    A = few_wide_blocks(rng) if blocks == "escape" else matrix(rng)
+    params = {"mapping": "adaptive", "work_group_size": 16, "items_per_thread": 3,
+              "col_bits": 16, "block_mapping": "lanes", "value_bits": bits}
+    if where == "host":
+        op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=dev, **params)
+    else:
+        triple = tuple(cla.to_device(dev.queue, a)
+                       for a in (A.data.astype(dtype), A.indices, A.indptr))
+        op = psc.SpMV(triple, shape=A.shape, format="csr-vector", dtype=dtype, device=dev,
+                      **params)
+        assert op._impl.converting_on_device
+    assert op.params["col_bits"] == 16 and op._impl.col_escape is (blocks == "escape")
+    assert op.params["value_bits"] == bits and op._impl.value_dtype == STORED[bits]
+    m, n = A.shape
+    x = rng.standard_normal(n)
+    check(op @ x, A, x, dtype, bits)
+    y0 = rng.standard_normal(m).astype(dtype)
+    out = y0.copy()
+    op.matvec(x, out=out, alpha=-2.0, beta=0.25)
+    check(out, A, x, dtype, bits, alpha=-2.0, beta=0.25, y0=y0)
+    x_d = cla.to_device(op.queue, x.astype(dtype))
+    y_d = cla.empty(op.queue, m, dtype)
+    op.matvec(x_d, out=y_d)
+    check(y_d.get(), A, x, dtype, bits)
+    X = rng.standard_normal((n, 2))   # one block (the lanes kernel's wide loop too)
+    check(op @ X, A, X, dtype, bits)
+    new = 3.0 * rng.standard_normal(A.nnz)
+    op.update_values(new)
+    B = A.copy()
+    B.data = new
+    check(op @ x, B, x, dtype, bits)
+    np.testing.assert_array_equal(current_values(op), stored(B, dtype, bits).data)
 
 # ----------------------------------------------------------------------- block products
 
