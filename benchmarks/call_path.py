@@ -14,7 +14,8 @@ round every contender runs ``--calls`` calls in turn.  Medians over all calls:
 - ``device``: ``op.matvec(x_dev, out=y_dev)`` then ``queue.finish()``;
 - ``kernel``: the kernels' profiling-event time of one product: kernel-only, not what a
   user waits for;
-- ``torch`` (``torch.mv`` on a CSR tensor, every logical CPU) and ``scipy``.
+- ``torch`` (``torch.mv`` on a CSR tensor, every logical CPU), ``mkl`` (sparse_dot_mkl)
+  and ``scipy``; "best peer / ours" takes the fastest of them.
 
 Every contender's result is checked against scipy's float64 product first.
 
@@ -142,7 +143,7 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--peers", default="torch-csr,scipy")
+    parser.add_argument("--peers", default="torch-csr,mkl,scipy")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
@@ -167,7 +168,7 @@ def main(argv=None):
         for dtype in dtypes:
             row = measure(label, A, dtype, args, peers, rng)
             rows.append(row)
-            best = min(row.get("torch_us", np.inf), row.get("scipy_us", np.inf))
+            best = min(row.get(f"{name}_us", np.inf) for name in ("torch", "mkl", "scipy"))
             best = best if best < np.inf else np.nan   # (no peer)
             print(f"{label:24s} {row['dtype']:8s} {row['format']:11s} "
                   f"{row['device'].split('-')[0]:8s}"
@@ -175,6 +176,7 @@ def main(argv=None):
                   f"copy {row['ours-copy_us']:8.0f}  "
                   f"device {row['device_us']:8.0f}  kernel {row['kernel_us']:8.0f}  "
                   f"torch {row.get('torch_us', float('nan')):8.0f}  "
+                  f"mkl {row.get('mkl_us', float('nan')):8.0f}  "
                   f"scipy {row.get('scipy_us', float('nan')):8.0f}  "
                   f"best peer / ours {best / row['ours_us']:.2f}", flush=True)
     if args.json:
