@@ -481,6 +481,25 @@ def _streamed(op):
     return op._impl.programs()[0].params["streamed_loads"]
 
 
+def _streamed_source(op, device, helper):
+    """The operator's first program rendered with streamed_loads on, checked to include
+    the evict_first helper once, with STREAMV and STREAMI naming the functions of its
+    value and index types."""
+    from pyspmv_cl import codegen
+
+    impl, program = op._impl, op._impl.programs()[0]
+    source = codegen.render(program.template, dtype=impl.dtype,
+                            index_dtype=impl.index_dtype, profile=device.profile,
+                            kernels=program.kernels, work_group_size=64,
+                            **{**program.params, "streamed_loads": True})
+    assert source.count(helper) == 1
+    value = "f64" if impl.dtype == np.float64 else "f32"
+    index = "s64" if impl.index_dtype == np.int64 else "s32"
+    assert f"#define STREAMV(p) evict_first_{value}(p)" in source
+    assert f"#define STREAMI(p) evict_first_{index}(p)" in source
+    return source
+
+
 @pytest.mark.parametrize("fmt,params,dtypes", STREAMED, ids=[f for f, _, _ in STREAMED])
 def test_streamed_loads_only_on_nvidia_from_volta(fmt, params, dtypes, device, rng):
     """The evict-first loads (PTX asm, common.mako's streamed_loads) are rendered for a
@@ -542,16 +561,7 @@ def test_streamed_loads_render_the_one_helper(fmt, params, dtypes, device, rng):
         for index_bits in (32, 64):
             op = psc.SpMV(A, format=fmt, dtype=dtype, device=device, index_bits=index_bits,
                           **params, **extra)
-            impl, program = op._impl, op._impl.programs()[0]
-            source = codegen.render(program.template, dtype=impl.dtype,
-                                    index_dtype=impl.index_dtype, profile=device.profile,
-                                    kernels=program.kernels, work_group_size=64,
-                                    **{**program.params, "streamed_loads": True})
-            assert source.count(helper) == 1
-            value = "f64" if dtype == np.float64 else "f32"
-            index = "s64" if impl.index_dtype == np.int64 else "s32"
-            assert f"#define STREAMV(p) evict_first_{value}(p)" in source
-            assert f"#define STREAMI(p) evict_first_{index}(p)" in source
+            source = _streamed_source(op, device, helper)
             if fmt == "sell":
                 assert "evict_first_u16(col_off + (k))" in source
     for name in ("f32", "f64", "s32", "s64", "u16"):
@@ -578,17 +588,9 @@ def test_streamed_loads_render_the_column_offsets(escape, device, rng):
             continue
         op = psc.SpMV(A, format="csr-vector", dtype=dtype, device=device, mapping="adaptive",
                       col_bits=16, index_bits=index_bits)
-        impl, program = op._impl, op._impl.programs()[0]
+        impl = op._impl
         assert op.params["col_bits"] == 16 and impl.col_escape is escape
-        source = codegen.render(program.template, dtype=impl.dtype,
-                                index_dtype=impl.index_dtype, profile=device.profile,
-                                kernels=program.kernels, work_group_size=64,
-                                **{**program.params, "streamed_loads": True})
-        assert source.count(helper) == 1
-        value = "f64" if dtype == np.float64 else "f32"
-        index = "s64" if impl.index_dtype == np.int64 else "s32"
-        assert f"#define STREAMV(p) evict_first_{value}(p)" in source
-        assert f"#define STREAMI(p) evict_first_{index}(p)" in source
+        source = _streamed_source(op, device, helper)
         assert "#define COLUMN(j) (block_base + (index_t)evict_first_u16(col_off + (j)))" \
             in source
         assert "#define WIDE(j) STREAMI(col_wide + (j) + wide_at)" in source
@@ -600,6 +602,7 @@ def test_streamed_loads_render_the_column_offsets(escape, device, rng):
         assert bool(wide_arg) is escape, source[:3000]
         if escape:
             assert impl.buffers["col_wide"].size == impl.n_wide * impl.index_dtype.itemsize
+
 
 def test_the_evict_first_ptx_is_written_once():
     """kernels/evict_first.cl holds the PTX loads; no template or module repeats them."""

@@ -227,6 +227,22 @@ SIXTEEN_LANES = textwrap.dedent("""
     assert (r == np.arange(n) ^ 1).all(), r
 """)
 
+def _canary_findings(tmp_path, name, source, clean, flagged):
+    """Run the canary script ``source`` under Oclgrind with argument ``clean`` (which
+    must be reported clean) and ``flagged``; return the latter's findings, or skip where
+    Oclgrind is not 21.10, the version whose false positive the canary documents."""
+    script = tmp_path / name
+    script.write_text(source)
+    ok, _ = run_under_oclgrind([str(script), clean], timeout=300)
+    bad, _ = run_under_oclgrind([str(script), flagged], timeout=300)
+    assert ok.returncode == 0 and bad.returncode == 0, bad.stderr[-2000:]
+    assert oclgrind_findings(ok.stderr) == ""
+    version = subprocess.run([shutil.which("oclgrind"), "--version"], capture_output=True,
+                             text=True).stdout
+    if "Oclgrind 21.10" not in version:
+        pytest.skip(f"the false positive was seen with Oclgrind 21.10, not {version.strip()}")
+    return oclgrind_findings(bad.stderr)
+
 
 def test_sixteen_lane_shuffle_false_positive(tmp_path):
     """Documents why width-8 complex blocks run under Oclgrind without --uninitialized
@@ -235,17 +251,8 @@ def test_sixteen_lane_shuffle_false_positive(tmp_path):
     and not that of an 8-lane one.  A complex block of width 8 is a 16-lane vector whose
     products swap its real and imaginary lanes (common.mako's cmulb).  Once a version
     is clean at 16 lanes, that test can take every flag."""
-    script = tmp_path / "lanes.py"
-    script.write_text(SIXTEEN_LANES)
-    eight, _ = run_under_oclgrind([str(script), "8"], timeout=300)
-    sixteen, _ = run_under_oclgrind([str(script), "16"], timeout=300)
-    assert eight.returncode == 0 and sixteen.returncode == 0, sixteen.stderr[-2000:]
-    assert oclgrind_findings(eight.stderr) == ""
-    version = subprocess.run([shutil.which("oclgrind"), "--version"], capture_output=True,
-                             text=True).stdout
-    if "Oclgrind 21.10" not in version:
-        pytest.skip(f"the false positive was seen with Oclgrind 21.10, not {version.strip()}")
-    assert "Uninitialized value written" in oclgrind_findings(sixteen.stderr)
+    sixteen = _canary_findings(tmp_path, "lanes.py", SIXTEEN_LANES, "8", "16")
+    assert "Uninitialized value written" in sixteen
 
 
 # ------------------------------------------------------------------ the pass itself
@@ -421,17 +428,7 @@ def test_use_host_ptr_false_positive(tmp_path):
     as uninitialised (here one "uninitialized value written" a work-item), and nothing
     for the same array given with COPY_HOST_PTR.  Once a version is clean with
     USE_HOST_PTR, that test can take every flag."""
-    script = tmp_path / "hostptr.py"
-    script.write_text(USE_HOST_PTR)
-    copied, _ = run_under_oclgrind([str(script), "copy"], timeout=300)
-    used, _ = run_under_oclgrind([str(script), "use"], timeout=300)
-    assert copied.returncode == 0 and used.returncode == 0, used.stderr[-2000:]
-    assert oclgrind_findings(copied.stderr) == ""
-    version = subprocess.run([shutil.which("oclgrind"), "--version"], capture_output=True,
-                             text=True).stdout
-    if "Oclgrind 21.10" not in version:
-        pytest.skip(f"the false positive was seen with Oclgrind 21.10, not {version.strip()}")
-    found = oclgrind_findings(used.stderr)
+    found = _canary_findings(tmp_path, "hostptr.py", USE_HOST_PTR, "copy", "use")
     assert found.count("Uninitialized value written") == 8, found
 
 
