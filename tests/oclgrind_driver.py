@@ -232,15 +232,10 @@ def in_place_pass(device, names, dtypes, matrices, rng, summary, quick=False):
                 for mname, A in list(matrices.items())[:1 if quick else 2]:
                     where = f"{name}/in-place/{dtype.name}/{mname}"
                     try:
-                        try:
-                            op = psc.SpMV(A, format=name, dtype=dtype, device=device)
-                        except psc.FormatNotSuitableError as exc:
-                            if not get_format(name).may_refuse:
-                                raise
-                            summary["refused"].append(f"{where}: {exc}"[:200])
+                        op = built_or_refused(summary, where, name, psc.SpMV, A,
+                                              format=name, dtype=dtype, device=device)
+                        if op is None:
                             continue
-                        KEEP.append(op)
-                        summary["operators"] += 1
                         op._host_mode = MAP
                         summary["products"] += in_place_products(op, A, dtype, rng, made)
                         tally(summary["in_place"], name)
@@ -296,6 +291,22 @@ def timed(summary, key):
 
 def tally(counts, name):
     counts[name] = counts.get(name, 0) + 1
+
+
+def built_or_refused(summary, where, name, build, *args, **kwargs):
+    """``build(*args, **kwargs)``'s operator, kept alive (KEEP) and counted; or None
+    where format ``name`` refuses the matrix and may (recorded in ``summary["refused"]``
+    under ``where``; a refusal by a format that never refuses is raised)."""
+    try:
+        op = build(*args, **kwargs)
+    except psc.FormatNotSuitableError as exc:
+        if not get_format(name).may_refuse:
+            raise
+        summary["refused"].append(f"{where}: {exc}"[:200])
+        return None
+    KEEP.append(op)
+    summary["operators"] += 1
+    return op
 
 
 def make(A, name, dtype, dev, params):
@@ -608,15 +619,10 @@ def complex_pass(device, names, matrices, rng, summary, wide=False, dtype=np.com
             where = f"{name}/{dtype.name}/{mname}" + (f" {params}" if params else "")
             adjoint = not (params or quick) and mname == next(iter(matrices))
             try:
-                try:
-                    op = psc.SpMV(A, format=name, dtype=dtype, device=device, **params)
-                except psc.FormatNotSuitableError as exc:
-                    if not get_format(name).may_refuse:
-                        raise
-                    summary["refused"].append(f"{where}: {exc}"[:200])
+                op = built_or_refused(summary, where, name, psc.SpMV, A, format=name,
+                                      dtype=dtype, device=device, **params)
+                if op is None:
                     continue
-                KEEP.append(op)
-                summary["operators"] += 1
                 with timed(summary, "adjoint" if adjoint else "complex"):
                     summary["products"] += complex_products(op, A, dtype, rng, adjoint)
                 if adjoint:
@@ -696,7 +702,6 @@ def main(argv=None):
     for name in [] if (args.only_complex or args.wide_complex_blocks
                        or args.wide_columns or args.in_place) else names:
         t0 = time.perf_counter()
-        may_refuse = get_format(name).may_refuse
         for label, override, params, all_dtypes, quick in variants(name):
             reduced = label.startswith("bits")   # value_bits: VALUE_BITS_VARIANTS
             plain = {k: v for k, v in params.items() if k != POSITIONS64}
@@ -711,17 +716,12 @@ def main(argv=None):
                 for i, (mname, A) in enumerate(matrices.items()):
                     where = f"{name}/{label}/{dtype.name}/{mname}"
                     try:
-                        try:
-                            with timed(summary, "positions64") if params.get(
-                                    POSITIONS64) else contextlib.nullcontext():
-                                op = make(A, name, dtype, dev, params)
-                        except psc.FormatNotSuitableError as exc:
-                            if not may_refuse:
-                                raise
-                            summary["refused"].append(f"{where}: {exc}"[:200])
+                        with timed(summary, "positions64") if params.get(
+                                POSITIONS64) else contextlib.nullcontext():
+                            op = built_or_refused(summary, where, name, make, A, name,
+                                                  dtype, dev, params)
+                        if op is None:
                             continue
-                        KEEP.append(op)
-                        summary["operators"] += 1
                         summary["positions64"] += bool(params.get(POSITIONS64))
                         # Operators converted on the device (GPU profiles: a format with
                         # host_input_on_device uploads the CSR and lays it out there).
